@@ -1,0 +1,68 @@
+"""LANTERN (Jang et al., ICLR 2025): relaxed acceptance over latent neighbourhoods (ALGORITHMS.md).
+
+Neighbours ``n_1(x), n_2(x), ...`` of ``x`` are sorted by L2 distance between VQ codebook vectors
+(precomputed once per model). With ``s_j`` the cumulative target mass of the first ``j`` neighbours
+(``j <= k``) and ``J = max{j : s_j <= delta}``, the relaxed target is ``q~(x) = q(x) + s_J`` and
+``b = min(1, q~(x) / p(x))``. On rejection the target mass of the ``J`` neighbours used is zeroed
+before the residual ``norm([q' - p]_+)``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from csd.acceptance import AcceptanceRule, Verdict, gather_token, likelihood_ratio, lossless_residual
+from csd.adapters.base import ModelAdapter
+
+
+def nearest_neighbours(codebook: torch.Tensor, k: int, chunk: int = 2048) -> torch.Tensor:
+    """``[V, k]`` indices of each code's ``k`` nearest other codes (squared L2), nearest first."""
+    codebook = codebook.float()
+    k = min(k, codebook.shape[0] - 1)
+    out = []
+    for start in range(0, codebook.shape[0], chunk):
+        block = codebook[start : start + chunk]
+        dist = torch.cdist(block, codebook)
+        rows = torch.arange(block.shape[0], device=codebook.device)
+        dist[rows, rows + start] = float("inf")  # a code is not its own neighbour
+        out.append(torch.topk(dist, k, dim=-1, largest=False).indices)
+    return torch.cat(out)
+
+
+class Lantern(AcceptanceRule):
+    name = "lantern"
+    lossless = False
+
+    def __init__(self, k: int = 1000, delta: float = 0.1) -> None:
+        if k < 1:
+            raise ValueError(f"lantern: k must be >= 1, got {k}")
+        if not 0.0 <= delta <= 1.0:
+            raise ValueError(f"lantern: delta must be in [0, 1], got {delta}")
+        self.k, self.delta = int(k), float(delta)
+        self.neighbours: torch.Tensor | None = None
+
+    def setup(self, adapter: ModelAdapter) -> None:
+        self.neighbours = nearest_neighbours(adapter.codebook().detach().to(adapter.device), self.k)
+
+    def _used_neighbours(self, target_probs: torch.Tensor, drafts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Neighbour ids ``[..., k]`` of each draft and a mask of the first ``J`` (those with ``s_j <= delta``)."""
+        if self.neighbours is None:
+            raise RuntimeError("lantern: call setup(adapter) first (it needs the VQ codebook)")
+        nbrs = self.neighbours.to(drafts.device)[drafts]
+        used = target_probs.gather(-1, nbrs).cumsum(-1) <= self.delta
+        return nbrs, used
+
+    def accept_prob(self, target_probs, draft_probs, drafts, target_entropy) -> Verdict:
+        nbrs, used = self._used_neighbours(target_probs, drafts)
+        s_J = (target_probs.gather(-1, nbrs) * used).sum(-1)
+        relaxed_q = gather_token(target_probs, drafts) + s_J
+        accept = (relaxed_q / gather_token(draft_probs, drafts).clamp_min(1e-30)).clamp(max=1.0)
+        return Verdict(accept, likelihood_ratio(target_probs, draft_probs, drafts).clamp(max=1.0))
+
+    def residual(self, target_probs, draft_probs, drafts) -> torch.Tensor:
+        nbrs, used = self._used_neighbours(target_probs, drafts)
+        zeroed = target_probs.scatter(-1, nbrs, target_probs.gather(-1, nbrs) * (~used))
+        return lossless_residual(zeroed, draft_probs)
+
+    def params(self) -> dict[str, object]:
+        return {"k": self.k, "delta": self.delta}

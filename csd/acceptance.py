@@ -1,0 +1,132 @@
+"""Acceptance rules: the pluggable part of speculative Jacobi decoding (ALGORITHMS.md, "Acceptance rules").
+
+A rule maps, for every verified window position, the processed target distribution ``q``
+(``target_probs``), the distribution the draft was actually sampled from ``p`` (``draft_probs``) and
+the draft token ``x`` to an acceptance probability ``b``; on the first rejection the engine samples a
+replacement from ``rule.residual`` (default: the lossless ``norm([q - p]_+)``). The committed token
+then has distribution ``P(y) = p(y) b(y) + sum_x p(x) (1 - b(x)) r_x(y)``, which equals ``q`` exactly
+for SJD's ``b = min(1, q(x)/p(x))``.
+
+All functions are batched over leading dimensions (``[..., V]`` distributions, ``[...]`` tokens) and
+never synchronise with the host. SJD and CSD live here; the other baselines live in ``baselines/``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from csd.adapters.base import ModelAdapter
+
+
+@dataclass
+class Verdict:
+    """Per-position outcome of a rule: ``accept_prob`` b, the lossless ``min(1, q/p)`` for the same
+    position (to count relaxed acceptances), and the CSD filter result where the rule has one."""
+
+    accept_prob: torch.Tensor
+    lossless_prob: torch.Tensor
+    filter_pass: torch.Tensor | None = None
+
+
+def gather_token(probs: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """``probs[..., tokens]`` elementwise: ``q(x)`` for ``probs [..., V]`` and ``tokens [...]``."""
+    return probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+
+
+def likelihood_ratio(target_probs: torch.Tensor, draft_probs: torch.Tensor, drafts: torch.Tensor) -> torch.Tensor:
+    """``q(x) / p(x)``. ``p(x) > 0`` because ``x`` was sampled from ``p``; the clamp only guards rounding."""
+    return gather_token(target_probs, drafts) / gather_token(draft_probs, drafts).clamp_min(1e-30)
+
+
+def lossless_residual(target_probs: torch.Tensor, draft_probs: torch.Tensor) -> torch.Tensor:
+    """``norm([q - p]_+)``; falls back to ``q`` where ``q <= p`` everywhere (only reachable by rounding)."""
+    diff = (target_probs - draft_probs).clamp_min(0.0)
+    mass = diff.sum(-1, keepdim=True)
+    return torch.where(mass > 1e-12, diff / mass.clamp_min(1e-30), target_probs)
+
+
+def entropy(probs: torch.Tensor) -> torch.Tensor:
+    """``H(q) = -sum q log q`` in nats (``0 log 0 = 0``)."""
+    return -torch.special.xlogy(probs, probs).sum(-1)
+
+
+def total_variation(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``TV(a, b) = 0.5 sum |a - b|``."""
+    return 0.5 * (a - b).abs().sum(-1)
+
+
+class AcceptanceRule:
+    """Base rule: lossless acceptance ``min(1, q(x)/p(x))`` with residual ``norm([q - p]_+)``."""
+
+    name = "sjd"
+    #: True when the committed tokens are distributed exactly as the target (tests assert it)
+    lossless = True
+
+    def setup(self, adapter: ModelAdapter) -> None:
+        """Precompute model-dependent tables (neighbour lists, embeddings). Default: nothing."""
+
+    def accept_prob(
+        self,
+        target_probs: torch.Tensor,
+        draft_probs: torch.Tensor,
+        drafts: torch.Tensor,
+        target_entropy: torch.Tensor,
+    ) -> Verdict:
+        lossless = likelihood_ratio(target_probs, draft_probs, drafts).clamp(max=1.0)
+        return Verdict(lossless, lossless)
+
+    def residual(self, target_probs: torch.Tensor, draft_probs: torch.Tensor, drafts: torch.Tensor) -> torch.Tensor:
+        return lossless_residual(target_probs, draft_probs)
+
+    def params(self) -> dict[str, object]:
+        """Hyper-parameters recorded with every image."""
+        return {}
+
+
+class SJD(AcceptanceRule):
+    """Speculative Jacobi decoding (Teng et al., 2024): the lossless rule. With ``window = 1`` it is AR."""
+
+
+ENTROPY_NORMS = ("none", "log_vocab", "log_support")
+
+
+class CSD(AcceptanceRule):
+    """Content-aware speculative decoding.
+
+    ``b = min(1, q(x)/p(x) + lam * H(q))`` where ``TV(p, q) < delta`` (the distribution-alignment
+    filter), else the lossless ``min(1, q(x)/p(x))``; the residual stays ``norm([q - p]_+)``, which the
+    paper proves TV-optimal under the relaxed acceptance. ``entropy_norm`` (unknown in the paper):
+    raw nats (``none``), ``H / log V`` (``log_vocab``) or ``H / log |supp q|`` (``log_support``).
+    """
+
+    name = "csd"
+    lossless = False
+
+    def __init__(self, lam: float = 0.1, delta: float = 0.5, entropy_norm: str = "none") -> None:
+        if lam < 0:
+            raise ValueError(f"csd: lam must be >= 0, got {lam}")
+        if not 0.0 <= delta <= 1.0:
+            raise ValueError(f"csd: delta must be in [0, 1], got {delta}")
+        if entropy_norm not in ENTROPY_NORMS:
+            raise ValueError(f"csd: entropy_norm must be one of {ENTROPY_NORMS}, got {entropy_norm!r}")
+        self.lam, self.delta, self.entropy_norm = float(lam), float(delta), entropy_norm
+
+    def normalised_entropy(self, target_probs: torch.Tensor, target_entropy: torch.Tensor) -> torch.Tensor:
+        if self.entropy_norm == "log_vocab":
+            return target_entropy / torch.log(torch.tensor(float(target_probs.shape[-1])))
+        if self.entropy_norm == "log_support":
+            log_support = torch.log((target_probs > 0).sum(-1).float())
+            return torch.where(log_support > 0, target_entropy / log_support.clamp_min(1e-30), 0.0)
+        return target_entropy
+
+    def accept_prob(self, target_probs, draft_probs, drafts, target_entropy) -> Verdict:
+        ratio = likelihood_ratio(target_probs, draft_probs, drafts)
+        lossless = ratio.clamp(max=1.0)
+        aligned = total_variation(draft_probs, target_probs) < self.delta
+        relaxed = (ratio + self.lam * self.normalised_entropy(target_probs, target_entropy)).clamp(max=1.0)
+        return Verdict(torch.where(aligned, relaxed, lossless), lossless, aligned)
+
+    def params(self) -> dict[str, object]:
+        return {"lam": self.lam, "delta": self.delta, "entropy_norm": self.entropy_norm}

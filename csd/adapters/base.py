@@ -1,0 +1,135 @@
+"""The model adapter interface: everything the decoding engine needs from a target model.
+
+The engine (``csd.engine``) knows nothing about Janus, Lumina-mGPT or the toy model; an adapter knows
+nothing about acceptance rules. The contract, in the vocabulary of ALGORITHMS.md:
+
+* The image is a **body** of ``layout.length`` positions. A position is either *free* (its token is
+  sampled from the image vocabulary of ``vocab_size`` codes) or *forced* (a deterministic structural
+  token such as Lumina-mGPT's end-of-line; ``layout.forced_ids[n] >= 0``).
+* The engine holds body tokens as **token ids in the adapter's space**; index ``v`` of a target
+  distribution corresponds to id ``image_token_ids[v]``.
+* ``prefill`` feeds every prompt token *except the last* into a fresh cache and returns an opaque
+  context. The last prompt token is the first window's anchor: ``forward(ctx, ids, with_prompt_tail=True)``
+  prepends it, so row ``j`` of a window always predicts the token after window element ``j``.
+* ``forward`` returns **raw** logits ``[rows, K, V_raw]`` (rows = 2 with CFG: conditional first, then
+  unconditional). Turning them into the target distribution ``q`` is the shared processor pipeline's
+  job (``csd.processors``), built from ``sampling``.
+* ``rollback(ctx, n)`` removes the last ``n`` cache entries (the rejected part of a window).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """How raw logits become the target distribution ``q`` (CFG, image-token selection, top-k, temperature).
+
+    ``guidance_scale`` s: ``l = l_u + s (l_c - l_u)`` (``cfg_space="logits"``) or the same on
+    log-softmax values (``"logprobs"``, Emu3). ``top_k = 0`` keeps the full vocabulary.
+    """
+
+    guidance_scale: float = 1.0
+    top_k: int = 0
+    temperature: float = 1.0
+    cfg_space: str = "logits"
+
+
+@dataclass(frozen=True)
+class BodyLayout:
+    """Which body positions are sampled and which are forced, and where each sits in the image grid.
+
+    ``forced_ids[n]`` is the forced token id at position ``n`` or -1 for a free position.
+    ``rows[n]`` / ``cols[n]`` give the grid cell of a free position (-1 for forced ones).
+    ``jacobi_tail``: the last this-many positions are decoded one token per forward (plain AR).
+    """
+
+    forced_ids: torch.Tensor
+    rows: torch.Tensor
+    cols: torch.Tensor
+    grid: tuple[int, int]
+    jacobi_tail: int = 0
+
+    @property
+    def length(self) -> int:
+        return int(self.forced_ids.numel())
+
+    @classmethod
+    def raster(cls, height: int, width: int) -> BodyLayout:
+        """A plain raster grid without structural tokens (Janus, the toy model)."""
+        n = height * width
+        idx = torch.arange(n)
+        return cls(torch.full((n,), -1, dtype=torch.long), idx // width, idx % width, (height, width))
+
+
+@dataclass
+class DecodeContext:
+    """Per-prompt state an adapter keeps between forwards (cache, attention mask, prompt tail)."""
+
+    cache: Any
+    prompt_tail: torch.Tensor
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class ModelAdapter(ABC):
+    """A target model driven token by token (see the module docstring for the contract)."""
+
+    #: number of image codes the target distribution ranges over
+    vocab_size: int
+    #: ``[vocab_size]`` adapter token id of each image code
+    image_token_ids: torch.Tensor
+    layout: BodyLayout
+    sampling: SamplingConfig
+    device: torch.device
+    #: which ids of the raw logits' last dim are image codes (None: the raw logits are already image-only)
+    raw_image_columns: torch.Tensor | None = None
+
+    @property
+    def uses_cfg(self) -> bool:
+        return self.sampling.guidance_scale != 1.0
+
+    @abstractmethod
+    def prefill(self, prompt: str) -> DecodeContext:
+        """Encode ``prompt`` (with its unconditional branch when CFG is on) and fill a fresh cache."""
+
+    @abstractmethod
+    def forward(self, ctx: DecodeContext, ids: torch.Tensor, with_prompt_tail: bool = False) -> torch.Tensor:
+        """Run the window ``ids`` ([K] body token ids) and return raw logits ``[rows, K(+1), V_raw]``."""
+
+    @abstractmethod
+    def rollback(self, ctx: DecodeContext, n: int) -> None:
+        """Drop the last ``n`` entries of the cache."""
+
+    @abstractmethod
+    def decode_images(self, ids: torch.Tensor) -> torch.Tensor:
+        """Body token ids ``[B, layout.length]`` -> uint8 images ``[B, H, W, 3]``."""
+
+    def token_embeddings(self) -> torch.Tensor:
+        """``[vocab_size, D]`` input embeddings of the image codes (GSD's embedding threshold)."""
+        raise NotImplementedError(f"{type(self).__name__} exposes no image-token embeddings")
+
+    def codebook(self) -> torch.Tensor:
+        """``[vocab_size, D]`` VQ codebook vectors (LANTERN's latent neighbourhoods)."""
+        raise NotImplementedError(f"{type(self).__name__} exposes no VQ codebook")
+
+    def describe(self) -> dict[str, Any]:
+        """Protocol facts recorded with every run (guidance, top-k, grid, ...)."""
+        return {
+            "adapter": type(self).__name__,
+            "vocab_size": self.vocab_size,
+            "grid": list(self.layout.grid),
+            "body_length": self.layout.length,
+            "guidance_scale": self.sampling.guidance_scale,
+            "top_k": self.sampling.top_k,
+            "temperature": self.sampling.temperature,
+            "cfg_space": self.sampling.cfg_space,
+        }
+
+
+class MissingWeightsError(FileNotFoundError):
+    """Raised (with an actionable message) when a model's files are not available offline."""

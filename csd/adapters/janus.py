@@ -1,0 +1,234 @@
+"""Janus-Pro on ``transformers.JanusForConditionalGeneration`` (MODELS.md, "Janus-Pro 1B / 7B").
+
+Image tokens are driven through ``model.model.language_model`` + ``model.model.generation_head``
+(never ``model(...)``, whose forward applies the *text* head). Sampled codes are fed back with
+``prepare_embeddings_for_image_generation``; prompt tokens use the text input embeddings. CFG rows
+are ``[cond; uncond]`` where the unconditional prompt is the same ids with every token except BOS
+and BOI replaced by the pad id (pads not masked), as the reference implementation does.
+
+``cache="static"`` decodes on a reusable ``StaticCache`` and ``compile=True`` compiles the decode step
+(``csd.fast``; the engine must then pad windows, ``pad_window=True``); the default is the eager
+``DynamicCache`` path.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+import torch
+from transformers import DynamicCache, JanusConfig, JanusForConditionalGeneration
+
+from csd.adapters.base import BodyLayout, DecodeContext, MissingWeightsError, ModelAdapter, SamplingConfig
+from csd.fast import StaticDecoder
+
+PromptEncoder = Callable[[str], torch.Tensor]
+
+
+def to_uint8(images: torch.Tensor) -> torch.Tensor:
+    """``[B, 3, H, W]`` in about [-1, 1] -> uint8 ``[B, H, W, 3]``: ``((x.clamp(-1,1) + 1) / 2 * 255).round()``."""
+    pixels = ((images.float().clamp(-1, 1) + 1) / 2 * 255).round().to(torch.uint8)
+    return pixels.permute(0, 2, 3, 1).cpu()
+
+
+class JanusAdapter(ModelAdapter):
+    def __init__(
+        self,
+        model: JanusForConditionalGeneration,
+        encode: PromptEncoder,
+        special_ids: tuple[int, int, int],
+        sampling: SamplingConfig,
+        cache: str = "dynamic",
+        compile: bool = False,
+        max_cache_len: int | None = None,
+        compile_backend: str = "inductor",
+    ) -> None:
+        if cache not in ("dynamic", "static"):
+            raise ValueError(f"cache must be 'dynamic' or 'static', got {cache!r}")
+        if compile and cache != "static":
+            raise ValueError("compile=True needs cache='static'")
+        self.model = model.eval()
+        self.encode = encode
+        self.bos_id, self.pad_id, self.boi_id = special_ids
+        self.sampling = sampling
+        self.device = next(model.parameters()).device
+        vq = model.config.vq_config
+        self.vocab_size = vq.num_embeddings
+        self.image_token_ids = torch.arange(self.vocab_size)
+        side = int(round(model.config.vision_config.num_image_tokens**0.5))
+        self.layout = BodyLayout.raster(side, side)
+        self.static = None
+        if cache == "static":
+            self.static = StaticDecoder(
+                self.decode_step, model.config.text_config, self.layout.length, max_cache_len,
+                compile_backend if compile else None,
+            )
+
+    def decode_step(self, embeds: torch.Tensor, cache) -> torch.Tensor:
+        """Language model + image head: ``[rows, q, D]`` embeddings -> ``[rows, q, vocab_size]`` logits."""
+        hidden = self.model.model.language_model(inputs_embeds=embeds, cache=cache, use_cache=True)
+        return self.model.model.generation_head(hidden.last_hidden_state)
+
+    def prompt_rows(self, prompt: str) -> torch.Tensor:
+        """``[rows, T]`` prompt ids: the conditional row, then (CFG) the pad-replaced unconditional row."""
+        cond = self.encode(prompt).to(self.device)
+        if not self.uses_cfg:
+            return cond.unsqueeze(0)
+        keep = (cond == self.bos_id) | (cond == self.boi_id)
+        uncond = torch.where(keep, cond, torch.full_like(cond, self.pad_id))
+        return torch.stack([cond, uncond])
+
+    def prefill(self, prompt: str) -> DecodeContext:
+        embeds = self.model.get_input_embeddings()(self.prompt_rows(prompt))
+        if self.static is not None:
+            self.static.prefill(embeds[:, :-1])
+            return DecodeContext(cache=self.static, prompt_tail=embeds[:, -1:])
+        cache = DynamicCache(config=self.model.config.text_config)
+        if embeds.shape[1] > 1:
+            self.model.model.language_model(inputs_embeds=embeds[:, :-1], cache=cache, use_cache=True)
+        return DecodeContext(cache=cache, prompt_tail=embeds[:, -1:])
+
+    def forward(self, ctx: DecodeContext, ids: torch.Tensor, with_prompt_tail: bool = False) -> torch.Tensor:
+        rows = ctx.prompt_tail.shape[0]
+        embeds = self.model.prepare_embeddings_for_image_generation(ids.unsqueeze(0).expand(rows, -1))
+        if with_prompt_tail:
+            embeds = torch.cat([ctx.prompt_tail, embeds], dim=1)
+        if self.static is not None:
+            return self.static.step(embeds)
+        return self.decode_step(embeds, ctx.cache)
+
+    def rollback(self, ctx: DecodeContext, n: int) -> None:
+        if self.static is not None:
+            self.static.rollback(n)
+        elif n > 0:
+            ctx.cache.crop(-n)
+
+    def decode_images(self, ids: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            return to_uint8(self.model.model.vqmodel.decode(ids.to(self.device)))
+
+    def token_embeddings(self) -> torch.Tensor:
+        return self.model.model.generation_embeddings.weight
+
+    def codebook(self) -> torch.Tensor:
+        return self.model.model.vqmodel.quantize.embedding.weight
+
+
+# --------------------------------------------------------------------------------------------- loaders
+
+
+def _resolve_dtype(dtype: str) -> torch.dtype:
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+
+
+def load_janus_adapter(
+    path: str,
+    guidance_scale: float = 5.0,
+    top_k: int = 0,
+    temperature: float = 1.0,
+    dtype: str = "bfloat16",
+    device: str = "cpu",
+    random_init: bool = False,
+    cache: str = "dynamic",
+    compile: bool = False,
+    max_cache_len: int | None = None,
+    **_: object,
+) -> JanusAdapter:
+    """Janus-Pro from a hub id or local directory (``random_init``: the real shape with random weights,
+    for latency benchmarks; needs only the config). ``cache`` / ``compile`` / ``max_cache_len``: see
+    :class:`JanusAdapter`."""
+    from transformers import JanusProcessor
+
+    hub_id = path if "/" in path and not os.path.isabs(path) else "deepseek-community/Janus-Pro-7B"
+    missing = MissingWeightsError(
+        f"Janus-Pro files not found at {path!r}. Download them with `huggingface-cli download {hub_id} "
+        f"--local-dir <dir>` and set model.path=<dir> (or unset HF_HUB_OFFLINE on a machine with internet)."
+    )
+    if path.startswith(("/", ".", "~")) and not os.path.isdir(os.path.expanduser(path)):
+        raise missing
+    local_only = os.environ.get("HF_HUB_OFFLINE", "0") == "1" or os.path.isdir(path)
+    try:
+        processor = JanusProcessor.from_pretrained(path, local_files_only=local_only)
+        if random_init:
+            config = JanusConfig.from_pretrained(path, local_files_only=local_only)
+            model = JanusForConditionalGeneration(config).to(_resolve_dtype(dtype))
+        else:
+            model = JanusForConditionalGeneration.from_pretrained(
+                path, dtype=_resolve_dtype(dtype), local_files_only=local_only
+            )
+    except (OSError, ValueError) as err:  # hub clients raise OSError / HFValidationError subclasses
+        raise missing from err
+    tokenizer = processor.tokenizer
+
+    def encode(caption: str) -> torch.Tensor:
+        chat = [{"role": "user", "content": [{"type": "text", "text": caption}]}]
+        text = processor.apply_chat_template(chat, add_generation_prompt=True)
+        return processor(text=text, generation_mode="image", return_tensors="pt")["input_ids"][0]
+
+    special = (tokenizer.bos_token_id, tokenizer.pad_token_id, tokenizer.convert_tokens_to_ids(processor.image_start_token))
+    sampling = SamplingConfig(guidance_scale=guidance_scale, top_k=top_k, temperature=temperature)
+    return JanusAdapter(model.to(device), encode, special, sampling, cache, compile, max_cache_len)
+
+
+# ------------------------------------------------------------------------------------ tiny test model
+
+TINY_PAD, TINY_BOS, TINY_EOS, TINY_BOI, TINY_BYTE0 = 0, 1, 2, 3, 4
+
+
+def tiny_byte_encoder(caption: str) -> torch.Tensor:
+    """Janus's prompt template over bytes: BOS ``<|User|>: {caption}\\n\\n<|Assistant|>:`` BOI."""
+    text = f"<|User|>: {caption}\n\n<|Assistant|>:".encode()
+    return torch.tensor([TINY_BOS, *(TINY_BYTE0 + b for b in text), TINY_BOI])
+
+
+def tiny_janus_config(grid: int = 8, codebook: int = 64, hidden: int = 32, layers: int = 2) -> JanusConfig:
+    """A Janus config small enough for CPU tests (constraints from MODELS.md)."""
+    return JanusConfig(
+        text_config=dict(
+            model_type="llama", vocab_size=TINY_BYTE0 + 256, hidden_size=hidden, intermediate_size=2 * hidden,
+            num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+            bos_token_id=TINY_BOS, pad_token_id=TINY_PAD, eos_token_id=TINY_EOS,
+        ),
+        vision_config=dict(
+            hidden_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=grid * 16, patch_size=16,
+            projection_dim=hidden, num_image_tokens=grid * grid, mlp_ratio=2,
+        ),
+        vq_config=dict(
+            embed_dim=4, num_embeddings=codebook, latent_channels=8, base_channels=32, channel_multiplier=[1, 1],
+            num_res_blocks=1, projection_dim=hidden, image_token_embed_dim=hidden, num_patches=grid,
+        ),
+        image_token_id=TINY_BYTE0 + 255,
+    )
+
+
+def tiny_janus_adapter(
+    grid: int = 8,
+    codebook: int = 64,
+    seed: int = 0,
+    head_scale: float = 1.0,
+    guidance_scale: float = 5.0,
+    top_k: int = 0,
+    temperature: float = 1.0,
+    device: str = "cpu",
+    dtype: str = "float32",
+    cache: str = "dynamic",
+    compile: bool = False,
+    max_cache_len: int | None = None,
+    compile_backend: str = "inductor",
+    **_: object,
+) -> JanusAdapter:
+    """A seeded random tiny Janus (real transformers classes) for smoke runs and tests.
+
+    ``head_scale`` multiplies the image head's weights: random init gives near-uniform logits, and a
+    larger scale makes the target distributions peaked and position-dependent, as a trained model's are.
+    """
+    torch.manual_seed(seed)
+    model = JanusForConditionalGeneration(tiny_janus_config(grid, codebook))
+    with torch.no_grad():
+        for p in model.model.generation_head.parameters():
+            p.mul_(head_scale)
+    sampling = SamplingConfig(guidance_scale=guidance_scale, top_k=top_k, temperature=temperature)
+    model = model.to(device=device, dtype=_resolve_dtype(dtype))
+    return JanusAdapter(
+        model, tiny_byte_encoder, (TINY_BOS, TINY_PAD, TINY_BOI), sampling, cache, compile, max_cache_len, compile_backend
+    )

@@ -1,0 +1,37 @@
+"""Stage dispatch behind ``run.py``: generate -> evaluate -> report, with short errors for bad input."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from csd.adapters.base import MissingWeightsError
+from csd.config import ConfigError, validate
+
+log = logging.getLogger("csd")
+
+
+def run_stages(cfg: DictConfig) -> None:
+    """Run ``cfg.stage``; configuration and missing-file errors end the run with one clear line."""
+    try:
+        validate(cfg)
+        run_dir = Path(cfg.run_dir)
+        if cfg.stage in ("generate", "all"):
+            from csd.pipeline import generate_run
+
+            generate_run(cfg)
+        if cfg.stage in ("evaluate", "all"):
+            from csd.evaluation import evaluate_run
+
+            evaluate_run(run_dir, cfg)
+        if cfg.stage in ("report", "all"):
+            from csd.report import build_report
+
+            target = Path(cfg.sweep_dir) if cfg.stage == "report" and cfg.sweep_dir else run_dir
+            print(f"report: {build_report(target, cfg)}")
+    except (ConfigError, MissingWeightsError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None

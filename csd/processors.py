@@ -1,0 +1,91 @@
+"""Logits -> target distribution ``q``: the one processing pipeline shared by AR and every method.
+
+ALGORITHMS.md, "Notation": ``q`` is the model's logits after CFG, the image-token mask, top-k and
+temperature, then softmax. Every acceptance rule sees this processed distribution, and AR samples
+from exactly the same ``q``. Each processor is a small function of a tensor, in the spirit of
+transformers' ``LogitsProcessor`` list.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+from csd.adapters.base import SamplingConfig
+
+Processor = Callable[[torch.Tensor], torch.Tensor]
+
+
+def select_columns(columns: torch.Tensor) -> Processor:
+    """Image-token mask: keep only the image-code columns of full-vocabulary logits."""
+
+    def apply(logits: torch.Tensor) -> torch.Tensor:
+        return logits.index_select(-1, columns)
+
+    return apply
+
+
+def classifier_free_guidance(scale: float, space: str = "logits") -> Processor:
+    """``l = l_u + s (l_c - l_u)`` over rows ``[cond, uncond]`` -> one row.
+
+    ``space="logprobs"`` applies the same combination to log-softmax values (Emu3's convention).
+    """
+
+    def apply(logits: torch.Tensor) -> torch.Tensor:
+        if space == "logprobs":
+            logits = torch.log_softmax(logits, dim=-1)
+        cond, uncond = logits[0], logits[1]
+        return uncond + scale * (cond - uncond)
+
+    return apply
+
+
+def single_row(logits: torch.Tensor) -> torch.Tensor:
+    """No CFG: the only row."""
+    return logits[0]
+
+
+def top_k(k: int) -> Processor:
+    """Keep the ``k`` largest logits per position (ties at the k-th value are kept)."""
+
+    def apply(logits: torch.Tensor) -> torch.Tensor:
+        kth = torch.topk(logits, k, dim=-1).values[..., -1:]
+        return logits.masked_fill(logits < kth, float("-inf"))
+
+    return apply
+
+
+def temperature(t: float) -> Processor:
+    def apply(logits: torch.Tensor) -> torch.Tensor:
+        return logits / t
+
+    return apply
+
+
+class TargetPipeline:
+    """Raw adapter logits ``[rows, K, V_raw]`` -> target probabilities ``[K, V]`` (float32)."""
+
+    def __init__(self, processors: Sequence[Processor]) -> None:
+        self.processors = list(processors)
+
+    @classmethod
+    def build(cls, sampling: SamplingConfig, raw_image_columns: torch.Tensor | None = None) -> TargetPipeline:
+        procs: list[Processor] = []
+        if raw_image_columns is not None:
+            procs.append(select_columns(raw_image_columns))
+        if sampling.guidance_scale != 1.0:
+            procs.append(classifier_free_guidance(sampling.guidance_scale, sampling.cfg_space))
+        else:
+            procs.append(single_row)
+        if sampling.top_k > 0:
+            procs.append(top_k(sampling.top_k))
+        if sampling.temperature != 1.0:
+            procs.append(temperature(sampling.temperature))
+        return cls(procs)
+
+    def __call__(self, raw_logits: torch.Tensor) -> torch.Tensor:
+        logits = raw_logits.float()
+        for proc in self.processors:
+            logits = proc(logits)
+        return torch.softmax(logits, dim=-1)

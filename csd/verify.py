@@ -1,0 +1,110 @@
+"""Vectorised verification of one Jacobi window (ALGORITHMS.md, SJD steps 3-5) and host-sync-free sampling.
+
+Everything here is tensors in, tensors out, batched over a leading dimension ``B``, with no
+``.item()`` and no ``torch.multinomial``: categorical samples use the exponential race
+``argmax_v q(v) / E_v`` with ``E_v ~ Exp(1)`` (equivalent to Gumbel-max), so the same code is safe
+inside a captured CUDA graph once the noise is drawn outside.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from csd.acceptance import AcceptanceRule
+
+
+def exponential_noise(shape: tuple[int, ...], generator: torch.Generator, device: torch.device) -> torch.Tensor:
+    """``E ~ Exp(1)`` i.i.d.; ``-log(U)`` with ``U`` in (0, 1]."""
+    u = torch.rand(shape, generator=generator, device=device)
+    return -torch.log1p(-u)  # u in [0, 1) -> 1 - u in (0, 1]
+
+
+def sample_race(probs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    """One categorical sample per row of ``probs [..., V]`` given ``noise ~ Exp(1)`` of the same shape."""
+    return torch.argmax(probs / noise, dim=-1)
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    return sample_race(probs, exponential_noise(tuple(probs.shape), generator, probs.device))
+
+
+@dataclass
+class WindowResult:
+    """Outcome of verifying a batch of windows of ``K`` rows (``K - 1`` drafts).
+
+    ``n_accepted [B]``: drafts accepted before the first rejection (``K - 1`` if none), so the window
+    commits ``n_accepted + 1`` tokens: ``committed[:, :n_accepted + 1]``.
+    ``accepted``, ``relaxed``, ``verified``, ``filter_pass``: per-draft flags ``[B, K - 1]``
+    (``relaxed``: accepted although ``min(1, q/p)`` would have rejected with the same uniform).
+    """
+
+    n_accepted: torch.Tensor
+    committed: torch.Tensor
+    accepted: torch.Tensor
+    relaxed: torch.Tensor
+    verified: torch.Tensor
+    filter_pass: torch.Tensor | None
+
+
+def verify_window(
+    rule: AcceptanceRule,
+    target_probs: torch.Tensor,
+    target_entropy: torch.Tensor,
+    drafts: torch.Tensor,
+    draft_probs: torch.Tensor,
+    draft_forced: torch.Tensor,
+    generator: torch.Generator,
+) -> tuple[WindowResult, torch.Tensor]:
+    """Verify drafts left to right and pick the replacement/bonus token.
+
+    Shapes: ``target_probs [B, K, V]`` (row ``j`` is the target for the token after window element
+    ``j``), ``target_entropy [B, K]``, ``drafts [B, K-1]`` (window elements ``1..K-1``, image-code
+    indices), ``draft_probs [B, K-1, V]`` (the recorded ``p``), ``draft_forced [B, K-1]`` (forced
+    structural tokens: always accepted, never counted).
+
+    Draft ``i`` (window element ``i``) is judged against ``q_{i-1}``. At the first rejection ``i*`` the
+    replacement is drawn from ``rule.residual(q_{i*-1}, p_{i*})``; if every draft is accepted the free
+    sample ``y_{K-1} ~ q_{K-1}`` is the bonus. Returns the result and the fresh samples ``y [B, K]``
+    of every row (the engine refreshes its drafts from them, SJD step 6).
+
+    Random numbers are drawn in a fixed order (row samples, uniforms, residual noise) regardless of
+    the rule, so rules with identical ``b`` give identical tokens under the same seed.
+    """
+    batch, window, vocab = target_probs.shape
+    device = target_probs.device
+    samples = sample(target_probs, generator)
+    n_drafts = window - 1
+    uniforms = torch.rand((batch, n_drafts), generator=generator, device=device)
+    residual_noise = exponential_noise((batch, vocab), generator, device)
+    if n_drafts == 0:
+        empty = torch.zeros((batch, 0), dtype=torch.bool, device=device)
+        zero = torch.zeros(batch, dtype=torch.long, device=device)
+        return WindowResult(zero, samples, empty, empty, empty, None), samples
+
+    verdict = rule.accept_prob(target_probs[:, :-1], draft_probs, drafts, target_entropy[:, :-1])
+    accept_prob = torch.where(draft_forced, 1.0, verdict.accept_prob)
+    accepted_raw = uniforms < accept_prob
+    rejected = ~accepted_raw
+    # index of the first rejection, or K - 1 when every draft is accepted
+    n_accepted = torch.where(rejected.any(-1), rejected.int().argmax(-1), n_drafts)
+    positions = torch.arange(n_drafts, device=device)
+    accepted = positions < n_accepted.unsqueeze(-1)
+    verified = positions <= n_accepted.unsqueeze(-1)
+
+    # residual at the first rejection (computed at a clamped index; unused when nothing was rejected)
+    rej = n_accepted.clamp(max=n_drafts - 1)
+    rows = torch.arange(batch, device=device)
+    residual = rule.residual(target_probs[rows, rej], draft_probs[rows, rej], drafts[rows, rej])
+    replacement = sample_race(residual, residual_noise)
+    last = torch.where(n_accepted < n_drafts, replacement, samples[:, -1])
+
+    committed = torch.cat([drafts, samples[:, -1:]], dim=1)
+    committed = committed.scatter(1, n_accepted.unsqueeze(-1), last.unsqueeze(-1))
+
+    free = ~draft_forced
+    relaxed = accepted & free & (uniforms >= verdict.lossless_prob)
+    filter_pass = None if verdict.filter_pass is None else verdict.filter_pass & verified & free
+    result = WindowResult(n_accepted, committed, accepted & free, relaxed, verified & free, filter_pass)
+    return result, samples

@@ -1,0 +1,62 @@
+"""Shared test helpers: offline environment, tiny models, exact distributions and chi-square tests."""
+
+from __future__ import annotations
+
+import itertools
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("WANDB_MODE", "offline")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from scipy import stats  # noqa: E402
+
+from csd.adapters.base import ModelAdapter  # noqa: E402
+from csd.processors import TargetPipeline  # noqa: E402
+
+torch.set_num_threads(1)
+
+
+@torch.no_grad()
+def exact_sequence_distribution(adapter: ModelAdapter, prompt: str) -> dict[tuple[int, ...], float]:
+    """P(body) = prod_n q_n(x_n | x_<n) for every free-token sequence, by enumeration (forced tokens fixed)."""
+    pipeline = TargetPipeline.build(adapter.sampling, adapter.raw_image_columns)
+    layout = adapter.layout
+    free = (layout.forced_ids < 0).tolist()
+    n_free = sum(free)
+    ctx = adapter.prefill(prompt)
+    out = {}
+    for combo in itertools.product(range(adapter.vocab_size), repeat=n_free):
+        it = iter(combo)
+        idx = [next(it) if f else 0 for f in free]
+        ids = torch.where(layout.forced_ids >= 0, layout.forced_ids, adapter.image_token_ids[torch.tensor(idx)])
+        raw = adapter.forward(ctx, ids[:-1].to(adapter.device), with_prompt_tail=True)
+        adapter.rollback(ctx, layout.length)
+        q = pipeline(raw)
+        prob = 1.0
+        for pos, is_free in enumerate(free):
+            if is_free:
+                prob *= float(q[pos, idx[pos]])
+        out[combo] = prob
+    return out
+
+
+def chi_square_pvalue(counts: dict[tuple[int, ...], int], probs: dict[tuple[int, ...], float], min_expected: float = 5.0) -> float:
+    """Pearson chi-square goodness of fit; cells with small expected counts are pooled into one."""
+    total = sum(counts.values())
+    keys = sorted(probs, key=lambda k: -probs[k])
+    obs, exp, pool_o, pool_e = [], [], 0.0, 0.0
+    for key in keys:
+        e = probs[key] * total
+        if e >= min_expected:
+            obs.append(counts.get(key, 0))
+            exp.append(e)
+        else:
+            pool_o += counts.get(key, 0)
+            pool_e += e
+    if pool_e > 0:
+        obs.append(pool_o)
+        exp.append(pool_e)
+    exp_arr = np.array(exp) * (sum(obs) / sum(exp))
+    return float(stats.chisquare(np.array(obs), exp_arr).pvalue)

@@ -1,0 +1,129 @@
+"""Hydra configs compose, bad values fail early with the allowed values, runs resume, multiruns work."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import open_dict
+
+from csd.config import CONF_DIR, ConfigError, build_rule, choices, validate
+from csd.pipeline import generate_run
+from csd.records import RECORDS_FILE, load_records
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def make_cfg(*overrides: str):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=list(overrides))
+    with open_dict(cfg):
+        cfg.run_dir = "unused"
+    return cfg
+
+
+@pytest.mark.parametrize("method", choices("method"))
+@pytest.mark.parametrize("model", choices("model"))
+def test_every_method_and_model_composes_and_validates(method, model):
+    cfg = make_cfg(f"method={method}", f"model={model}")
+    validate(cfg)
+    assert cfg.method.name == method and cfg.model.name == model
+    for key in ("window", "init", "lam", "delta", "k", "c"):  # sweepable over every method
+        assert key in cfg.method
+
+
+def test_method_configs_build_their_rules():
+    assert build_rule(make_cfg("method=csd", "method.lam=0.3").method).params()["lam"] == 0.3
+    assert build_rule(make_cfg("method=lantern").method).params() == {"k": 1000, "delta": 0.1}
+    assert build_rule(make_cfg("method=sjd", "method.lam=0.3").method).params() == {}  # ignored, warned
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["method.lam=-0.1"], "method.lam=-0.1 must be >= 0"),
+        (["method.delta=1.5"], r"method.delta=1.5 must be in \[0, 1\]"),
+        (["method.window=0"], "method.window=0"),
+        (["method=ar", "method.window=4"], "method=ar needs method.window=1"),
+        (["method.init=zeros"], "random"),
+        (["model.top_k=0"], "model.top_k=0 must be an integer >= 1"),
+        (["model.guidance_scale=0"], "guidance_scale=0 must be > 0"),
+        (["model.temperature=-1"], "temperature=-1"),
+        (["method.entropy_norm=bits"], "log_vocab"),
+        (["method=amplify", "method.k=0.5"], "method.k=0.5 must be >= 1"),
+        (["stage=train"], "generate"),
+        (["device=tpu"], "cpu"),
+    ],
+)
+def test_bad_values_are_rejected_with_the_allowed_ones(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        validate(make_cfg(*overrides))
+
+
+def run_cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, str(ROOT / "run.py"), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_unknown_choice_lists_the_valid_ones(tmp_path):
+    out = run_cli("method=nope", f"hydra.run.dir={tmp_path}")
+    assert out.returncode != 0
+    assert "nope" in out.stderr and "csd" in out.stderr and "sjd" in out.stderr
+
+
+def test_bad_value_fails_before_any_model_loads(tmp_path):
+    out = run_cli("method.lam=-1", "model=janus_pro_7b", f"hydra.run.dir={tmp_path}")
+    assert out.returncode == 2
+    assert "method.lam=-1" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_missing_weights_give_a_short_error(tmp_path):
+    out = run_cli("model=janus_pro_7b", "model.path=/nonexistent/janus", "stage=generate", f"hydra.run.dir={tmp_path}")
+    assert out.returncode == 2
+    assert "huggingface-cli download" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_generate_writes_records_and_resumes(tmp_path):
+    cfg = make_cfg("model=janus_pro_tiny", "dataset=smoke", "dataset.n_prompts=2", "method=csd", "engine.progress=false")
+    with open_dict(cfg):
+        cfg.run_dir = str(tmp_path)
+    generate_run(cfg)
+    records = load_records(tmp_path)
+    assert [r["prompt_id"] for r in records] == ["smoke-000", "smoke-001"]
+    rec = records[0]
+    assert rec["method_params"] == {"window": 16, "init": "random", "lam": 0.1, "delta": 0.5, "entropy_norm": "none"}
+    assert len(rec["tokens"]) == len(rec["commit_iter"]) == len(rec["commit_kind"]) == 64
+    assert rec["step_compression"] == pytest.approx(64 / rec["nfe"])
+    assert (tmp_path / rec["image"]).exists() and (tmp_path / "config.yaml").exists()
+    assert json.loads((tmp_path / "run.json").read_text())["model_info"]["grid"] == [8, 8]
+
+    # a crash mid-write leaves a partial line: it is dropped, finished images are kept and not redone
+    path = tmp_path / RECORDS_FILE
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text(lines[0] + lines[1][: len(lines[1]) // 2])
+    with open_dict(cfg):
+        cfg.dataset.n_prompts = 3
+    generate_run(cfg)
+    again = load_records(tmp_path)
+    assert [r["prompt_id"] for r in again] == ["smoke-000", "smoke-001", "smoke-002"]
+    assert again[0] == records[0]
+    assert again[1]["tokens"] == records[1]["tokens"]  # same seed -> same image when redone
+    mtime = path.stat().st_mtime_ns
+    generate_run(cfg)  # nothing left to do
+    assert path.stat().st_mtime_ns == mtime
+
+
+def test_multirun_sweeps_two_jobs(tmp_path):
+    out = run_cli(
+        "-m", "stage=generate", "model=janus_pro_tiny", "dataset=smoke", "dataset.n_prompts=1",
+        "method=sjd,csd", "method.lam=0.2", "engine.progress=false", f"hydra.sweep.dir={tmp_path}",
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    runs = sorted(p.parent for p in tmp_path.glob("*/records.jsonl"))
+    assert [json.loads((r / "run.json").read_text())["method"] for r in runs] == ["sjd", "csd"]
+    assert load_records(runs[1])[0]["method_params"]["lam"] == 0.2

@@ -1,0 +1,113 @@
+"""The engine on the tiny Janus: window/rollback exactness, AR == HF generate, CSD degenerates to SJD."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from baselines.gsd import GSD
+from baselines.lantern import Lantern
+from baselines.relaxed import Addition, Amplify
+from csd.acceptance import CSD, SJD
+from csd.adapters.janus import TINY_BOI, TINY_BOS, TINY_PAD, tiny_byte_encoder, tiny_janus_adapter
+from csd.engine import JacobiEngine
+from csd.records import COMMIT_ACCEPTED, COMMIT_RELAXED, COMMIT_SAMPLED
+
+PROMPT = "two red circles"
+
+
+@pytest.fixture(scope="module")
+def adapter():
+    return tiny_janus_adapter(grid=4, codebook=16, head_scale=20.0)
+
+
+def test_window_logits_equal_step_by_step(adapter):
+    ids = torch.randint(16, (6,), generator=torch.Generator().manual_seed(0))
+    ctx = adapter.prefill(PROMPT)
+    window = adapter.forward(ctx, ids[:5], with_prompt_tail=True)
+    ctx = adapter.prefill(PROMPT)
+    steps = [adapter.forward(ctx, ids[:0], with_prompt_tail=True)]
+    steps += [adapter.forward(ctx, ids[i : i + 1]) for i in range(5)]
+    assert window.shape == (2, 6, 16)
+    torch.testing.assert_close(window, torch.cat(steps, dim=1), atol=1e-5, rtol=1e-5)
+
+
+def test_rollback_is_exact(adapter):
+    ids = torch.arange(8) % 16
+    ctx = adapter.prefill(PROMPT)
+    first = adapter.forward(ctx, ids[:4], with_prompt_tail=True)
+    adapter.rollback(ctx, 3)  # keep the prompt tail and ids[0]
+    again = adapter.forward(ctx, ids[1:6])
+    assert ctx.cache.get_seq_length() == len(tiny_byte_encoder(PROMPT)) + 6
+    torch.testing.assert_close(again[:, :3], first[:, 2:5], atol=1e-5, rtol=1e-5)
+
+
+def test_greedy_ar_equals_hf_generate():
+    adapter = tiny_janus_adapter(grid=4, codebook=16, head_scale=3.0, top_k=1)
+    ours = JacobiEngine(adapter, SJD(), window=1).generate(PROMPT, seed=0).tokens
+    model = adapter.model
+    model.generation_config.pad_token_id = TINY_PAD
+    model.generation_config.bos_token_id = TINY_BOS
+    model.generation_config.generation_kwargs = {"boi_token_id": TINY_BOI}
+    ids = tiny_byte_encoder(PROMPT).unsqueeze(0)
+    ref = model.generate(
+        ids, attention_mask=torch.ones_like(ids), generation_mode="image", do_sample=False, guidance_scale=5.0
+    )
+    assert ours.tolist() == ref[0].tolist()
+    # greedy speculative decoding commits exactly the greedy AR sequence
+    assert JacobiEngine(adapter, SJD(), window=6).generate(PROMPT, seed=5).tokens.tolist() == ours.tolist()
+
+
+@pytest.mark.parametrize("csd", [CSD(lam=0.0, delta=0.9), CSD(lam=2.0, delta=0.0)])
+@pytest.mark.parametrize("init", ["random", "repeat_left"])
+def test_csd_degenerates_to_sjd_token_for_token(adapter, csd, init):
+    for seed in range(4):
+        ref = JacobiEngine(adapter, SJD(), window=5, init=init).generate(PROMPT, seed=seed)
+        got = JacobiEngine(adapter, csd, window=5, init=init).generate(PROMPT, seed=seed)
+        assert got.tokens.tolist() == ref.tokens.tolist()
+        assert got.nfe == ref.nfe and got.stats["relaxed_accepts"] == 0
+
+
+def test_relaxed_csd_relaxes_and_records_it(adapter):
+    gens = [JacobiEngine(adapter, CSD(lam=1.0, delta=1.0), window=6).generate(PROMPT, seed=s) for s in range(6)]
+    relaxed = sum(g.stats["relaxed_accepts"] for g in gens)
+    assert relaxed > 0
+    assert relaxed == sum(int((g.commit_kind == COMMIT_RELAXED).sum()) for g in gens)
+    assert all(g.stats["filter_passes"] <= g.stats["filter_checks"] == g.stats["drafts_verified"] for g in gens)
+
+
+@pytest.mark.parametrize(
+    "rule", [SJD(), CSD(), Addition(c=0.1), Amplify(k=3.0), GSD(), Lantern(k=8, delta=0.2)], ids=lambda r: r.name
+)
+def test_every_rule_generates_a_consistent_record(adapter, rule):
+    gen = JacobiEngine(adapter, rule, window=5).generate(PROMPT, seed=1)
+    length = adapter.layout.length
+    assert gen.tokens.shape == (length,) and int(gen.tokens.max()) < 16
+    assert gen.nfe == int(gen.commit_iter.max()) + 1
+    assert gen.step_compression == length / gen.nfe
+    accepted = int(((gen.commit_kind == COMMIT_ACCEPTED) | (gen.commit_kind == COMMIT_RELAXED)).sum())
+    assert accepted == gen.stats["drafts_accepted"]
+    assert int((gen.commit_kind == COMMIT_SAMPLED).sum()) == gen.nfe  # one sampled token per forward
+    assert gen.stats["drafts_accepted"] <= gen.stats["drafts_verified"] <= gen.stats["drafts_proposed"]
+    # iterations commit positions in order
+    assert torch.all(gen.commit_iter[1:] >= gen.commit_iter[:-1])
+
+
+def test_ar_is_window_one(adapter):
+    gen = JacobiEngine(adapter, SJD(), window=1).generate(PROMPT, seed=0)
+    assert gen.nfe == adapter.layout.length and gen.stats["drafts_proposed"] == 0
+
+
+def test_padded_window_gives_identical_tokens(adapter):
+    """The compiled path's fixed-shape windows (drafts padded to L) change nothing but the shapes."""
+    for seed in range(3):
+        ref = JacobiEngine(adapter, SJD(), window=6).generate(PROMPT, seed=seed)
+        padded = JacobiEngine(adapter, SJD(), window=6, pad_window=True).generate(PROMPT, seed=seed)
+        assert padded.tokens.tolist() == ref.tokens.tolist()
+
+
+def test_engine_rejects_bad_settings(adapter):
+    with pytest.raises(ValueError, match="window"):
+        JacobiEngine(adapter, SJD(), window=0)
+    with pytest.raises(ValueError, match="init"):
+        JacobiEngine(adapter, SJD(), init="zeros")
