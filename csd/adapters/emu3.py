@@ -1,0 +1,196 @@
+"""Emu3-Gen on ``transformers.Emu3ForConditionalGeneration`` (MODELS.md, "Emu3").
+
+* Prompt (``Emu3Processor(..., return_for_image_generation=True)``): BOS + caption + positive suffix +
+  ``<|image start|>{H}*{W}<|image token|>``; 720x720 px = 90x90 visual tokens (8 px each).
+* Body: ``H`` rows of (``W`` visual tokens + EOL ``<|extra_200|>``), then ``<|extra_201|>`` (end of frame)
+  and ``<|image end|>``. EOL / end tokens are forced positions; visual token ids map to VQ codes through
+  ``vocabulary_mapping`` (a lookup).
+* CFG 3 with a *negative prompt* (same image header) as the unconditional branch, combined on
+  log-softmax values (``cfg_space="logprobs"``), top-k 2048. Both branches share one left-padded
+  batch (``PaddedCFGAdapter``), whichever prompt is shorter gets the padding.
+* Pixels: ``model.decode_image_tokens`` (HF's Emu3 VQ decoder; values in about [-1, 1]).
+
+Adding this model family took this file plus ``conf/model/emu3_gen.yaml``: the engine, processors and
+acceptance rules are untouched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from transformers import Emu3Config, Emu3ForConditionalGeneration
+
+from csd.adapters.base import BodyLayout, SamplingConfig
+from csd.adapters.janus import _resolve_dtype, to_uint8
+from csd.adapters.lumina import PaddedCFGAdapter, _local_dir
+
+PromptEncoder = Callable[[str], torch.Tensor]
+
+# BAAI's Emu3-Gen defaults (README / generation example)
+POSITIVE_SUFFIX = " masterpiece, film grained, best quality."
+NEGATIVE_PROMPT = (
+    "lowres, bad anatomy, bad hands, text, error, missing fingers, extra digit, fewer digits, cropped, worst "
+    "quality, low quality, normal quality, jpeg artifacts, signature, watermark, username, blurry."
+)
+
+
+def emu3_layout(rows: int, cols: int, eol: int, end_ids: tuple[int, ...], jacobi_tail: int) -> BodyLayout:
+    """``rows`` x (``cols`` free + EOL), then the forced ``end_ids``."""
+    forced = torch.tensor(([-1] * cols + [eol]) * rows + list(end_ids), dtype=torch.long)
+    free = forced < 0
+    grid_r = torch.full_like(forced, -1)
+    grid_c = torch.full_like(forced, -1)
+    cells = torch.arange(rows * cols)
+    grid_r[free], grid_c[free] = cells // cols, cells % cols
+    return BodyLayout(forced, grid_r, grid_c, (rows, cols), jacobi_tail)
+
+
+class Emu3Adapter(PaddedCFGAdapter):
+    def __init__(
+        self,
+        model: Emu3ForConditionalGeneration,
+        encode: PromptEncoder,
+        grid: tuple[int, int],
+        end_ids: tuple[int, int, int],
+        pad_id: int,
+        sampling: SamplingConfig,
+        positive_suffix: str = POSITIVE_SUFFIX,
+        negative_prompt: str = NEGATIVE_PROMPT,
+        jacobi_tail: int = 0,
+    ) -> None:
+        """``encode(text)`` -> full prompt ids (BOS, text, image header); ``end_ids`` = (end of frame,
+        image end, EOS): the first two close the body, EOS is the third trailing token HF's
+        ``decode_image_tokens`` strips."""
+        super().__init__(model.model, model.lm_head, model.config.text_config, sampling)
+        self.model, self.encode, self.pad_id = model, encode, pad_id
+        self.positive_suffix, self.negative_prompt = positive_suffix, negative_prompt
+        mapping = model.model.vocabulary_mapping
+        self.vocab_size = model.config.vq_config.codebook_size
+        self.image_token_ids = torch.tensor([mapping.img2bpe[v] for v in range(self.vocab_size)], device=self.device)
+        self.raw_image_columns = self.image_token_ids
+        self.rows, self.cols = grid
+        self.eos_id = end_ids[2]
+        self.layout = emu3_layout(self.rows, self.cols, mapping.eol_token_id, end_ids[:2], jacobi_tail)
+
+    def prompt_rows(self, prompt: str) -> list[torch.Tensor]:
+        cond = self.encode(prompt + self.positive_suffix)
+        return [cond, self.encode(self.negative_prompt)] if self.uses_cfg else [cond]
+
+    def decode_images(self, ids: torch.Tensor) -> torch.Tensor:
+        eos = torch.full((ids.shape[0], 1), self.eos_id, dtype=ids.dtype)
+        with torch.no_grad():
+            pixels = self.model.decode_image_tokens(
+                image_tokens=torch.cat([ids, eos], dim=1).to(self.device), height=self.rows, width=self.cols
+            )
+        return to_uint8(pixels)
+
+    def token_embeddings(self) -> torch.Tensor:
+        return self.model.get_input_embeddings().weight[self.image_token_ids]
+
+    def codebook(self) -> torch.Tensor:
+        return self.model.model.vqmodel.quantize.embedding.weight
+
+    def describe(self) -> dict[str, object]:
+        return {**super().describe(), "jacobi_tail": self.layout.jacobi_tail, "negative_prompt": self.negative_prompt}
+
+
+# --------------------------------------------------------------------------------------------- loaders
+
+
+def load_emu3_adapter(
+    path: str,
+    guidance_scale: float = 3.0,
+    top_k: int = 2048,
+    temperature: float = 1.0,
+    dtype: str = "bfloat16",
+    device: str = "cpu",
+    ratio: str = "1:1",
+    image_area: int = 518400,
+    positive_suffix: str = POSITIVE_SUFFIX,
+    negative_prompt: str = NEGATIVE_PROMPT,
+    jacobi_tail: int = 0,
+    **_: object,
+) -> Emu3Adapter:
+    """Emu3-Gen (``BAAI/Emu3-Gen-hf``) from a hub id or local directory; ``image_area`` 518400 = 720x720 px."""
+    from transformers import Emu3Processor
+
+    model_dir = _local_dir(path, "Emu3-Gen", "BAAI/Emu3-Gen-hf")
+    processor = Emu3Processor.from_pretrained(model_dir)
+    model = Emu3ForConditionalGeneration.from_pretrained(model_dir, dtype=_resolve_dtype(dtype))
+    tok = processor.tokenizer
+    grid = processor.calculate_generate_size(ratio, image_area, processor.downsample_ratio)
+
+    def encode(text: str) -> torch.Tensor:
+        out = processor(text=text, return_for_image_generation=True, ratio=ratio, image_area=image_area, return_tensors="pt")
+        return out["input_ids"][0]
+
+    end_ids = (
+        tok.convert_tokens_to_ids(processor.eof_token),
+        tok.convert_tokens_to_ids(processor.image_end_token),
+        tok.eos_token_id,
+    )
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    sampling = SamplingConfig(guidance_scale=guidance_scale, top_k=top_k or 0, temperature=temperature, cfg_space="logprobs")
+    return Emu3Adapter(
+        model.to(device), encode, grid, end_ids, pad, sampling, positive_suffix, negative_prompt, jacobi_tail
+    )
+
+
+# ------------------------------------------------------------------------------------ tiny test model
+
+TINY_PAD, TINY_BOS, TINY_EOS, TINY_BYTE0 = 0, 1, 2, 3
+
+
+def tiny_emu3_config(codes: int = 8, seed: int = 0, hidden: int = 32, layers: int = 2) -> Emu3Config:
+    """Emu3 vocabulary in miniature: bytes, ``<|visual tokenNNNNNN|>`` on shuffled ids, then the structural tokens."""
+    first = TINY_BYTE0 + 256
+    image_ids = (first + torch.randperm(codes, generator=torch.Generator().manual_seed(seed))).tolist()
+    vocab = {f"<|visual token{code:06d}|>": bpe for code, bpe in enumerate(image_ids)}
+    names = ["<|extra_200|>", "<|extra_201|>", "<|image start|>", "<|image end|>", "<|image token|>", "<image>"]
+    vocab.update({name: first + codes + i for i, name in enumerate(names)})
+    return Emu3Config(
+        text_config=dict(
+            vocab_size=first + codes + len(names), hidden_size=hidden, intermediate_size=2 * hidden,
+            num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+            pad_token_id=TINY_PAD, bos_token_id=TINY_BOS, eos_token_id=TINY_EOS, attention_dropout=0.0,
+        ),
+        vq_config=dict(
+            codebook_size=codes, embed_dim=4, latent_channels=4, base_channels=32, channel_multiplier=[1, 1],
+            num_res_blocks=1, attn_resolutions=[], hidden_size=32, temporal_downsample_factor=4,
+        ),
+        vocabulary_map=vocab,
+    )
+
+
+def tiny_emu3_adapter(
+    grid: tuple[int, int] = (3, 3),
+    codes: int = 8,
+    seed: int = 0,
+    head_scale: float = 1.0,
+    guidance_scale: float = 3.0,
+    top_k: int = 0,
+    temperature: float = 1.0,
+    negative_prompt: str = "blurry",
+    jacobi_tail: int = 0,
+    device: str = "cpu",
+    dtype: str = "float32",
+    **_: object,
+) -> Emu3Adapter:
+    """A seeded random tiny Emu3 (real transformers classes) with a byte-level prompt encoder."""
+    config = tiny_emu3_config(codes, seed)
+    torch.manual_seed(seed)
+    model = Emu3ForConditionalGeneration(config)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(head_scale)
+    vocab = config.vocabulary_map
+    rows, cols = grid
+
+    def encode(text: str) -> torch.Tensor:
+        header = [vocab["<|image start|>"], *(TINY_BYTE0 + b for b in f"{rows}*{cols}".encode()), vocab["<|image token|>"]]
+        return torch.tensor([TINY_BOS, *(TINY_BYTE0 + b for b in text.encode()), *header], dtype=torch.long)
+
+    end_ids = (vocab["<|extra_201|>"], vocab["<|image end|>"], TINY_EOS)
+    sampling = SamplingConfig(guidance_scale=guidance_scale, top_k=top_k or 0, temperature=temperature, cfg_space="logprobs")
+    model = model.to(device=device, dtype=_resolve_dtype(dtype))
+    return Emu3Adapter(model, encode, (rows, cols), end_ids, TINY_PAD, sampling, "", negative_prompt, jacobi_tail)

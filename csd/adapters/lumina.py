@@ -1,0 +1,379 @@
+"""Lumina-mGPT 7B on ``transformers.ChameleonForConditionalGeneration`` (MODELS.md, "Lumina-mGPT 7B").
+
+* Logits: ``model.model(...)`` then ``model.lm_head`` — never ``model(...)``, whose forward sets every
+  image-token logit to the dtype minimum. The logits keep the full vocabulary; ``raw_image_columns``
+  (the image-token BPE ids) lets the shared processor pipeline select the image codes.
+* Prompt: BOS + ``"Generate an image of {W}x{H} according to the following prompt:\\n{caption}"`` +
+  ``<reserved08706>`` (id 8710, the end of a conversation turn).
+* Body: ``<racm3:break>`` (8197), the height and width grid tokens (``8804 + n``, ``n`` in 32-pixel
+  units = 2 latent tokens), ``rows`` x (``cols`` image tokens + EOL 8803), ``<eoss>`` (8196). Every
+  structural token is a forced position; the free positions are image tokens, whose ids map to VQ
+  codes through ``vocabulary_mapping.bpe2img`` (a lookup table, not an offset).
+* CFG (scale 3, on raw logits): the unconditional context is the sequence from ``<racm3:break>`` on
+  (no prompt). Both branches share one batch and one cache: the unconditional row is left-padded over
+  the prompt with attention-mask zeros and positions counted from its first real token, which gives
+  the logits of a separate unconditional pass (tested). The 2D mask lives in ``ctx.extra["mask"]``.
+* Sampling: image top-k 2000, temperature 1; plain AR for the last ``jacobi_tail`` (~10) positions.
+* Checkpoint conversion: Lumina stores every q_norm / k_norm weight and bias as ``[1, head_dim]``
+  (one shard's values); HF expects ``[num_heads, head_dim]`` (k_norm: key-value heads), so they are
+  ``repeat_interleave``'d once after loading (:func:`expand_qk_norms`).
+* Pixels: Meta's VQGAN decoder (``csd.adapters.vqgan``); uint8 as Lumina does it, ``((x.clamp(-1, 1) + 1)
+  / 2 * 255)`` truncated.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from abc import abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from transformers import ChameleonConfig, ChameleonForConditionalGeneration, DynamicCache, PreTrainedConfig
+
+from csd.adapters.base import BodyLayout, DecodeContext, MissingWeightsError, ModelAdapter, SamplingConfig
+from csd.adapters.janus import _resolve_dtype
+from csd.adapters.vqgan import VQGANConfig, VQGANDecoder, codes_from_rows, load_vqgan_decoder
+
+TextEncoder = Callable[[str], torch.Tensor]
+
+PROMPT_TEMPLATE = "Generate an image of {width}x{height} according to the following prompt:\n{caption}"
+LUMINA_PATCH_TOKENS = 2  # Lumina's grid unit: 32 px = 2 latent tokens of 16 px
+
+
+def left_pad(rows: list[torch.Tensor], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stack 1-D id rows of different lengths, left-padded: ``(ids [R, T], mask [R, T])``."""
+    width = max(int(r.numel()) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, row in enumerate(rows):
+        if row.numel():
+            ids[i, width - row.numel() :] = row
+            mask[i, width - row.numel() :] = 1
+    return ids, mask
+
+
+class PaddedCFGAdapter(ModelAdapter):
+    """A decoder-only HF model whose CFG branches are rows of one left-padded batch with a 2D attention mask.
+
+    Subclasses give the prompt rows (conditional first, then unconditional when CFG is on). The mask
+    covers every cache entry; it grows with each forward and shrinks with each rollback, and position
+    ids are ``cumsum(mask) - 1`` so each row counts positions from its own first real token.
+    """
+
+    pad_id: int = 0
+
+    def __init__(
+        self, base: nn.Module, lm_head: nn.Module, cache_config: PreTrainedConfig, sampling: SamplingConfig
+    ) -> None:
+        self.base = base.eval()
+        self.lm_head = lm_head.eval()
+        self.cache_config = cache_config
+        self.sampling = sampling
+        self.device = lm_head.weight.device
+
+    @abstractmethod
+    def prompt_rows(self, prompt: str) -> list[torch.Tensor]:
+        """1-D prompt ids per CFG row (``[cond]`` or ``[cond, uncond]``); a row may be empty."""
+
+    def _run(self, ctx: DecodeContext, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Feed ``ids [R, n]`` whose own mask columns are ``mask [R, n]``; returns hidden states ``[R, n, D]``."""
+        full = torch.cat([ctx.extra["mask"], mask], dim=1)
+        positions = (full.cumsum(-1) - 1).clamp_min(0)[:, -ids.shape[1] :]
+        out = self.base(input_ids=ids, attention_mask=full, position_ids=positions, cache=ctx.cache, use_cache=True)
+        ctx.extra["mask"] = full
+        return out.last_hidden_state
+
+    @torch.no_grad()
+    def prefill(self, prompt: str) -> DecodeContext:
+        ids, mask = left_pad(self.prompt_rows(prompt), self.pad_id)
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        ctx = DecodeContext(
+            cache=DynamicCache(config=self.cache_config),
+            prompt_tail=ids[:, -1:],
+            extra={"mask": mask[:, :0], "tail_mask": mask[:, -1:]},
+        )
+        if ids.shape[1] > 1:
+            self._run(ctx, ids[:, :-1], mask[:, :-1])
+        return ctx
+
+    def forward(self, ctx: DecodeContext, ids: torch.Tensor, with_prompt_tail: bool = False) -> torch.Tensor:
+        rows = ctx.prompt_tail.shape[0]
+        ids = ids.to(self.device).unsqueeze(0).expand(rows, -1)
+        mask = torch.ones_like(ids)
+        if with_prompt_tail:
+            ids = torch.cat([ctx.prompt_tail, ids], dim=1)
+            mask = torch.cat([ctx.extra["tail_mask"], mask], dim=1)
+        return self.lm_head(self._run(ctx, ids, mask))
+
+    def rollback(self, ctx: DecodeContext, n: int) -> None:
+        if n > 0:
+            ctx.cache.crop(-n)
+            ctx.extra["mask"] = ctx.extra["mask"][:, :-n]
+
+
+@dataclass(frozen=True)
+class ChameleonTokens:
+    """Structural token ids of Lumina-mGPT's image format (defaults: the released tokenizer, MODELS.md)."""
+
+    bos: int = 0
+    pad: int = 1
+    image_start: int = 8197  # <racm3:break>
+    image_end: int = 8196  # <eoss>
+    eol: int = 8803  # <reserved08799>
+    end_of_turn: int = 8710  # <reserved08706>
+    grid_base: int = 8804  # <reserved08800>; grid token n is grid_base + n
+
+    @classmethod
+    def from_tokenizer(cls, tokenizer) -> ChameleonTokens:
+        """Read every id from the tokenizer (the defaults are only documentation of the released one)."""
+        names = {
+            "image_start": "<racm3:break>",
+            "image_end": "<eoss>",
+            "eol": "<reserved08799>",
+            "end_of_turn": "<reserved08706>",
+            "grid_base": "<reserved08800>",
+        }
+        ids = {field: tokenizer.convert_tokens_to_ids(tok) for field, tok in names.items()}
+        unknown = [names[f] for f, i in ids.items() if i is None or i == tokenizer.unk_token_id]
+        if unknown:
+            raise ValueError(f"Lumina-mGPT tokenizer lacks the image-format tokens {unknown}")
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        return cls(bos=tokenizer.bos_token_id, pad=pad, **ids)
+
+
+def lumina_layout(rows: int, cols: int, tokens: ChameleonTokens, jacobi_tail: int) -> BodyLayout:
+    """Header (break, height grid, width grid), ``rows`` x (``cols`` free + EOL), ``<eoss>``; forced ids >= 0."""
+    header = [tokens.image_start, tokens.grid_base + rows // LUMINA_PATCH_TOKENS, tokens.grid_base + cols // LUMINA_PATCH_TOKENS]
+    row = [-1] * cols + [tokens.eol]
+    forced = torch.tensor(header + row * rows + [tokens.image_end], dtype=torch.long)
+    free = forced < 0
+    grid_r = torch.full_like(forced, -1)
+    grid_c = torch.full_like(forced, -1)
+    cells = torch.arange(rows * cols)
+    grid_r[free], grid_c[free] = cells // cols, cells % cols
+    return BodyLayout(forced, grid_r, grid_c, (rows, cols), jacobi_tail)
+
+
+class LuminaAdapter(PaddedCFGAdapter):
+    def __init__(
+        self,
+        model: ChameleonForConditionalGeneration,
+        encode: TextEncoder,
+        tokens: ChameleonTokens,
+        vqgan: VQGANDecoder,
+        grid: tuple[int, int],
+        sampling: SamplingConfig,
+        jacobi_tail: int = 10,
+    ) -> None:
+        super().__init__(model.model, model.lm_head, model.config, sampling)
+        self.model, self.encode, self.tokens, self.vqgan = model, encode, tokens, vqgan.eval()
+        self.pad_id = tokens.pad
+        bpe2img = model.model.vocabulary_mapping.bpe2img
+        self.vocab_size = vqgan.config.n_embed
+        img2bpe = {code: bpe for bpe, code in bpe2img.items()}
+        self.image_token_ids = torch.tensor([img2bpe[v] for v in range(self.vocab_size)], device=self.device)
+        self.raw_image_columns = self.image_token_ids
+        self.bpe_to_code = torch.zeros(model.config.vocab_size, dtype=torch.long, device=self.device)
+        self.bpe_to_code[self.image_token_ids] = torch.arange(self.vocab_size, device=self.device)
+        self.rows, self.cols = grid
+        self.layout = lumina_layout(self.rows, self.cols, tokens, jacobi_tail)
+
+    def prompt_rows(self, prompt: str) -> list[torch.Tensor]:
+        px = self.vqgan.config.downsample
+        text = PROMPT_TEMPLATE.format(width=self.cols * px, height=self.rows * px, caption=prompt)
+        cond = torch.cat([torch.tensor([self.tokens.bos]), self.encode(text), torch.tensor([self.tokens.end_of_turn])])
+        return [cond, cond[:0]] if self.uses_cfg else [cond]
+
+    def decode_images(self, ids: torch.Tensor) -> torch.Tensor:
+        codes = codes_from_rows(ids[:, 3:-1].to(self.device), self.bpe_to_code, self.cols)
+        with torch.no_grad():
+            pixels = self.vqgan(codes)
+        return ((pixels.float().clamp(-1, 1) + 1) / 2 * 255).to(torch.uint8).permute(0, 2, 3, 1).cpu()
+
+    def token_embeddings(self) -> torch.Tensor:
+        return self.model.model.embed_tokens.weight[self.image_token_ids]
+
+    def codebook(self) -> torch.Tensor:
+        return self.vqgan.codebook
+
+    def describe(self) -> dict[str, object]:
+        return {**super().describe(), "jacobi_tail": self.layout.jacobi_tail, "vq_downsample": self.vqgan.config.downsample}
+
+
+# --------------------------------------------------------------------------------------------- loaders
+
+
+def _checkpoint_tensors(model_dir: str, suffixes: tuple[str, ...]) -> dict[str, torch.Tensor]:
+    """Tensors whose names end with ``suffixes``, read lazily from a safetensors (or ``.bin``) checkpoint."""
+    found: dict[str, torch.Tensor] = {}
+    shards = sorted(glob.glob(os.path.join(model_dir, "*.safetensors")))
+    if shards:
+        from safetensors import safe_open
+
+        for shard in shards:
+            with safe_open(shard, framework="pt") as f:
+                found.update({k: f.get_tensor(k) for k in f.keys() if k.endswith(suffixes)})
+        return found
+    for shard in sorted(glob.glob(os.path.join(model_dir, "pytorch_model*.bin"))):
+        state = torch.load(shard, map_location="cpu", weights_only=True)
+        found.update({k: v for k, v in state.items() if k.endswith(suffixes)})
+    return found
+
+
+QK_NORM_SUFFIXES = tuple(f"self_attn.{n}.{p}" for n in ("q_norm", "k_norm") for p in ("weight", "bias"))
+
+
+@torch.no_grad()
+def expand_qk_norms(model: ChameleonForConditionalGeneration, stored: dict[str, torch.Tensor]) -> list[str]:
+    """Copy Lumina's ``[1, head_dim]`` q/k-norm tensors into HF's ``[heads, head_dim]`` ones, ``repeat_interleave``'d.
+
+    ``stored`` maps checkpoint names to tensors; k_norm expands to key-value heads (the parameter's own
+    first dimension). Tensors already at HF's shape are copied as they are. Returns the names set.
+    """
+    params = dict(model.named_parameters())
+    for name, value in stored.items():
+        target = params[name]
+        target.copy_(value.to(target.dtype).repeat_interleave(target.shape[0] // value.shape[0], dim=0))
+    return sorted(stored)
+
+
+def _local_dir(path: str, what: str, hub_hint: str) -> str:
+    """A local snapshot directory for ``path`` (a directory or a hub id), else MissingWeightsError."""
+    if os.path.isdir(path):
+        return path
+    try:
+        from huggingface_hub import snapshot_download
+
+        return snapshot_download(path, local_files_only=os.environ.get("HF_HUB_OFFLINE", "0") == "1")
+    except Exception as err:  # every hub failure means the same thing to the user: the files are not here
+        raise MissingWeightsError(
+            f"{what} files not found at {path!r}. Download them with `huggingface-cli download {hub_hint} "
+            f"--local-dir <dir>` and set model.path=<dir>."
+        ) from err
+
+
+def load_lumina_adapter(
+    path: str,
+    vqgan_config: str,
+    vqgan_ckpt: str,
+    resolution: int = 768,
+    guidance_scale: float = 3.0,
+    top_k: int = 2000,
+    temperature: float = 1.0,
+    dtype: str = "bfloat16",
+    device: str = "cpu",
+    jacobi_tail: int = 10,
+    **_: object,
+) -> LuminaAdapter:
+    """Lumina-mGPT 7B (``Alpha-VLLM/Lumina-mGPT-7B-{512,768,1024}``) plus Meta's VQGAN decoder.
+
+    ``resolution`` must match the checkpoint (square images, ``resolution // 16`` tokens a side).
+    """
+    from transformers import AutoTokenizer
+
+    hub_hint = f"Alpha-VLLM/Lumina-mGPT-7B-{resolution}"
+    vqgan = load_vqgan_decoder(vqgan_config, vqgan_ckpt, device=device, dtype=torch.float32)
+    model_dir = _local_dir(path, "Lumina-mGPT", hub_hint)
+    if not os.path.isfile(os.path.join(model_dir, "config.json")):
+        raise MissingWeightsError(f"{model_dir!r} has no config.json; download {hub_hint} into it")
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model, info = ChameleonForConditionalGeneration.from_pretrained(
+        model_dir, dtype=_resolve_dtype(dtype), ignore_mismatched_sizes=True, output_loading_info=True
+    )
+    fixed = expand_qk_norms(model, _checkpoint_tensors(model_dir, QK_NORM_SUFFIXES))
+    mismatched = {m[0] if isinstance(m, tuple) else m for m in info.get("mismatched_keys", [])}
+    unexpected = sorted(mismatched - set(fixed))
+    if unexpected:
+        raise ValueError(f"Lumina-mGPT checkpoint: unexpected shape mismatches {unexpected[:5]}")
+    tokens = ChameleonTokens.from_tokenizer(tokenizer)
+
+    def encode(text: str) -> torch.Tensor:
+        return torch.tensor(tokenizer.encode(text, add_special_tokens=False), dtype=torch.long)
+
+    side = resolution // vqgan.config.downsample
+    sampling = SamplingConfig(guidance_scale=guidance_scale, top_k=top_k or 0, temperature=temperature)
+    return LuminaAdapter(model.to(device), encode, tokens, vqgan, (side, side), sampling, jacobi_tail)
+
+
+# ------------------------------------------------------------------------------------ tiny test model
+
+TINY_BYTE0 = 2  # ids 0, 1: BOS, pad; then 256 byte tokens; then image tokens; then structural tokens
+
+
+def tiny_vocabulary(codes: int, seed: int) -> tuple[dict[str, int], ChameleonTokens, int]:
+    """A Chameleon-style vocabulary: image tokens named ``IMGIMG<letters>Z`` (letters A-J = digits) on
+    shuffled ids, so ``bpe2img`` is a genuine permutation. Returns (vocabulary_map, tokens, vocab size)."""
+    gen = torch.Generator().manual_seed(seed)
+    first = TINY_BYTE0 + 256
+    image_ids = (first + torch.randperm(codes, generator=gen)).tolist()
+    vocab = {"<s>": 0, "<pad>": 1, "<image>": TINY_BYTE0 + 255}
+    for code, bpe in enumerate(image_ids):
+        vocab["IMGIMG" + "".join(chr(ord("A") + int(d)) for d in str(code)) + "Z"] = bpe
+    special = first + codes
+    tokens = ChameleonTokens(
+        bos=0, pad=1, image_start=special, image_end=special + 1, eol=special + 2, end_of_turn=special + 3, grid_base=special + 4
+    )
+    return vocab, tokens, special + 4 + 16
+
+
+def tiny_byte_encoder(text: str) -> torch.Tensor:
+    return torch.tensor([TINY_BYTE0 + b for b in text.encode()], dtype=torch.long)
+
+
+def tiny_vqgan_config(codes: int) -> VQGANConfig:
+    """Two levels (2 px per token), one attention resolution, GroupNorm(32)-compatible widths."""
+    return VQGANConfig(
+        n_embed=codes, embed_dim=4, z_channels=8, ch=32, ch_mult=(1, 2), num_res_blocks=1, attn_resolutions=(4,), resolution=8
+    )
+
+
+def tiny_lumina_config(codes: int = 8, seed: int = 0, hidden: int = 32, layers: int = 2) -> tuple[ChameleonConfig, ChameleonTokens]:
+    vocab, tokens, vocab_size = tiny_vocabulary(codes, seed)
+    config = ChameleonConfig(
+        vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024, bos_token_id=tokens.bos,
+        pad_token_id=tokens.pad, eos_token_id=tokens.end_of_turn, vocabulary_map=vocab,
+        vq_config=dict(embed_dim=4, num_embeddings=codes, latent_channels=8, base_channels=32,
+                       channel_multiplier=[1, 2], num_res_blocks=1, resolution=8),
+    )
+    return config, tokens
+
+
+def tiny_lumina_adapter(
+    grid: tuple[int, int] = (3, 3),
+    codes: int = 8,
+    seed: int = 0,
+    head_scale: float = 1.0,
+    guidance_scale: float = 3.0,
+    top_k: int = 0,
+    temperature: float = 1.0,
+    jacobi_tail: int = 2,
+    device: str = "cpu",
+    dtype: str = "float32",
+    **_: object,
+) -> LuminaAdapter:
+    """A seeded random tiny Lumina-mGPT (real Chameleon classes + a tiny random VQGAN) for smoke runs and tests.
+
+    ``head_scale`` multiplies ``lm_head``: larger values make the targets peaked and position-dependent.
+    The q/k norms get distinct per-head values, so the tiny model exercises HF's per-head layout.
+    """
+    config, tokens = tiny_lumina_config(codes, seed)
+    torch.manual_seed(seed)
+    model = ChameleonForConditionalGeneration(config)
+    vqgan = VQGANDecoder(tiny_vqgan_config(codes))
+    with torch.no_grad():
+        model.lm_head.weight.mul_(head_scale)
+        for layer in model.model.layers:
+            for norm in (layer.self_attn.q_norm, layer.self_attn.k_norm):
+                norm.weight.normal_(1.0, 0.1)
+                norm.bias.normal_(0.0, 0.1)
+    sampling = SamplingConfig(guidance_scale=guidance_scale, top_k=top_k or 0, temperature=temperature)
+    torch_dtype = _resolve_dtype(dtype)
+    return LuminaAdapter(
+        model.to(device=device, dtype=torch_dtype), tiny_byte_encoder, tokens,
+        vqgan.to(device=device), tuple(grid), sampling, jacobi_tail,
+    )
+

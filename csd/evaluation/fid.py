@@ -1,0 +1,90 @@
+"""FID with torchmetrics, with reference statistics cached on disk.
+
+The reference side of a FID is the same for every run of a sweep, so its feature statistics
+(sum, outer-product sum, count: exactly torchmetrics' ``real_*`` states) are stored under a key
+built from (reference identity, preprocessing, feature extractor) and loaded instead of recomputed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+from urllib.error import URLError
+
+import torch
+from torch import nn
+from torchmetrics.image.fid import FrechetInceptionDistance
+from tqdm import tqdm
+
+from csd.adapters.base import MissingWeightsError
+
+INCEPTION_FILE = "weights-inception-2015-12-05-6726825d.pth"
+_REAL_STATES = ("real_features_sum", "real_features_cov_sum", "real_features_num_samples")
+
+
+def inception_fid(feature: int = 2048, weights_path: str | None = None) -> FrechetInceptionDistance:
+    """torchmetrics FID on torch-fidelity's Inception-v3; weights from ``weights_path`` or the torch hub cache."""
+    if weights_path is not None and not Path(weights_path).expanduser().exists():
+        raise MissingWeightsError(f"Inception weights not found at '{weights_path}' (eval.fid.inception_weights).")
+    try:
+        return FrechetInceptionDistance(
+            feature=feature,
+            reset_real_features=False,
+            feature_extractor_weights_path=None if weights_path is None else str(Path(weights_path).expanduser()),
+        )
+    except (URLError, OSError) as err:
+        raise MissingWeightsError(
+            f"FID needs the Inception-v3 weights ({INCEPTION_FILE}) and could not download them ({err}). "
+            f"On a machine with internet run any FID once, or copy the file to $TORCH_HOME/hub/checkpoints/ "
+            f"or set eval.fid.inception_weights=/path/to/{INCEPTION_FILE}."
+        ) from err
+
+
+def module_fid(feature: nn.Module) -> FrechetInceptionDistance:
+    """torchmetrics FID on a custom feature module (uint8 ``[B, 3, H, W]`` in, ``[B, D]`` out)."""
+    return FrechetInceptionDistance(feature=feature, reset_real_features=False)
+
+
+def cache_key(parts: dict[str, Any]) -> str:
+    """Stable hash of the JSON-serialisable description of a reference set and its features."""
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:20]
+
+
+def load_reference(
+    metric: FrechetInceptionDistance,
+    key_parts: dict[str, Any],
+    batches: Callable[[], Iterable[torch.Tensor]],
+    cache_dir: str | Path | None,
+    device: torch.device,
+) -> bool:
+    """Fill the metric's reference (``real``) statistics, from the cache when possible.
+
+    ``batches`` is only called on a cache miss. Returns True when the cache was used.
+    """
+    path = None if cache_dir is None else Path(cache_dir) / f"fid_ref_{cache_key(key_parts)}.pt"
+    if path is not None and path.exists():
+        cached = torch.load(path, map_location=device, weights_only=True)
+        for name in _REAL_STATES:
+            setattr(metric, name, cached[name])
+        return True
+    for batch in tqdm(batches(), desc="FID reference", unit="batch", leave=False):
+        metric.update(batch.to(device), real=True)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        state = {name: getattr(metric, name).cpu() for name in _REAL_STATES}
+        tmp = path.with_suffix(".tmp")
+        torch.save({**state, "key": key_parts}, tmp)
+        tmp.replace(path)
+    return False
+
+
+def generated_fid(
+    metric: FrechetInceptionDistance, batches: Iterable[torch.Tensor], device: torch.device
+) -> float:
+    """Add the generated images and compute FID against the already loaded reference."""
+    for batch in tqdm(batches, desc="FID generated", unit="batch", leave=False):
+        metric.update(batch.to(device), real=False)
+    return float(metric.compute())

@@ -1,0 +1,119 @@
+"""Evaluators of the toy domain (``model=toy``), built on ``csd.toy``'s scene checker, segmenter and CLIP.
+
+``csd.toy`` is imported lazily so the rest of the evaluation stage works without it. A toy prompt's
+``meta`` is its scene spec (``SceneSpec.to_meta()``); ``scene_key`` selects a sub-key instead, and
+the caption is used when the record has no spec.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from hydra.utils import get_method
+from tqdm import tqdm
+
+from csd.adapters.base import MissingWeightsError
+from csd.evaluation.clip_score import ClipModel
+from csd.evaluation.content import on_grid, region_grid
+from csd.evaluation.images import load_rgb, to_tensor, uint8_batches
+from csd.prompts import Prompt
+from csd.records import COMMIT_ACCEPTED, COMMIT_RELAXED
+
+REGIONS = ("object", "smooth", "textured")
+
+
+def _toy(module: str) -> Any:
+    return importlib.import_module(f"csd.toy.{module}")
+
+
+def scene_of(record: dict[str, Any], scene_key: str | None) -> Any:
+    meta = record["meta"] if scene_key is None else record["meta"].get(scene_key)
+    return meta or record["prompt"]
+
+
+def load_toy_clip_model(device: torch.device) -> ClipModel:
+    """The toy's open_clip-compatible CLIP (``csd.toy.clip.load_toy_clip``)."""
+    try:
+        model, preprocess, tokenizer = _toy("clip").load_toy_clip(device)
+    except FileNotFoundError as err:
+        raise MissingWeightsError(str(err)) from err
+    model.eval()
+    return ClipModel(model, preprocess, tokenizer, "toy-clip")
+
+
+def scene_checks(records: Sequence[dict[str, Any]], run_dir: Path, scene_key: str | None) -> list[dict[str, bool]]:
+    """``csd.toy.checker.check_image`` of every generated image against its prompt's scene."""
+    checker = _toy("checker")
+    return [
+        checker.check_image(np.asarray(load_rgb(run_dir / r["image"])), scene_of(r, scene_key))
+        for r in tqdm(records, desc="scene checker", unit="img", leave=False)
+    ]
+
+
+def scene_accuracy(
+    checks: Sequence[dict[str, Any]], categories: Sequence[str], only_if: dict[str, str]
+) -> dict[str, float]:
+    """GenEval-style accuracy per category (``scene_acc_<category>``).
+
+    ``only_if`` restricts a category to the images whose check has that flag set (``position`` is
+    vacuously true for prompts without a relation, so it is averaged over ``relation_asked`` ones).
+    """
+    out = {}
+    for cat in categories:
+        flag = only_if.get(cat)
+        vals = [bool(c[cat]) for c in checks if cat in c and (flag is None or c.get(flag, True))]
+        if vals:
+            out[f"scene_acc_{cat}"] = float(np.mean(vals))
+    return out
+
+
+def rendered_reference(
+    records: Sequence[dict[str, Any]], render: str, batch_size: int
+) -> tuple[dict[str, Any], Callable[[], Iterator[torch.Tensor]]]:
+    """Real toy scenes for the run's prompts, one per record, by the dotted function ``render(Prompt)``.
+
+    ``render`` returns a uint8 ``[H, W, 3]`` image or a tuple starting with one (the toy's
+    ``heldout_scene`` gives ``(image, layout)``). Returns the reference's cache-key description
+    and a batch factory (called on a cache miss).
+    """
+    prompts = [Prompt(r["prompt_id"], r["prompt"], r["meta"]) for r in records]
+    render_fn = get_method(render)
+
+    def image(prompt: Prompt) -> torch.Tensor:
+        out = render_fn(prompt)
+        return to_tensor(np.asarray(out[0] if isinstance(out, tuple) else out, dtype=np.uint8))
+
+    def batches() -> Iterator[torch.Tensor]:
+        return uint8_batches((image(p) for p in prompts), batch_size)
+
+    return {"render": render, "prompts": [(p.prompt_id, p.text, p.meta) for p in prompts]}, batches
+
+
+def region_acceptance(records: Sequence[dict[str, Any]], run_dir: Path, scene_key: str | None) -> dict[str, dict[str, float]]:
+    """Accepted and relaxed drafts per region: object cells vs smooth vs textured background.
+
+    Each generated image is segmented (``csd.toy.checker.segment``, label 0 = background), the label
+    map is downsampled to the token grid, and background cells take the scene's
+    ``background_kind`` ('smooth' | 'textured').
+    """
+    checker = _toy("checker")
+    counts = {reg: {"positions": 0, "accepted": 0, "relaxed": 0} for reg in REGIONS}
+    for r in tqdm(records, desc="regions", unit="img", leave=False):
+        kinds = on_grid(r, "commit_kind")
+        obj = region_grid(np.asarray(checker.segment(np.asarray(load_rgb(run_dir / r["image"])))), r["grid"])
+        background = checker.background_kind(scene_of(r, scene_key))
+        for reg, mask in (("object", obj), (background, ~obj)):
+            k = kinds[mask]
+            counts[reg]["positions"] += int(k.size)
+            counts[reg]["accepted"] += int(np.isin(k, (COMMIT_ACCEPTED, COMMIT_RELAXED)).sum())
+            counts[reg]["relaxed"] += int((k == COMMIT_RELAXED).sum())
+    for c in counts.values():
+        n = c["positions"]
+        c["accepted_rate"] = c["accepted"] / n if n else float("nan")
+        c["relaxed_rate"] = c["relaxed"] / n if n else float("nan")
+    return counts

@@ -1,0 +1,76 @@
+"""The report stage: tables, Pareto plots and content-awareness plots for a sweep or a list of runs."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+import pandas as pd
+from omegaconf import DictConfig, OmegaConf
+
+from csd.report import content_plots
+from csd.report.collect import find_run_dirs, load_run, results_frame
+from csd.report.pareto import plot_pareto
+from csd.report.table import write_tables
+
+log = logging.getLogger(__name__)
+
+
+def report_dir(source: Path | Sequence[Path], cfg: DictConfig) -> Path:
+    """``eval.report.out_dir`` if set, else ``<sweep or run dir>/report``, else ``<common parent>/report``."""
+    configured = OmegaConf.select(cfg, "eval.report.out_dir")
+    if configured:
+        return Path(configured)
+    if isinstance(source, (str, Path)):
+        return Path(source) / "report"
+    parents = {Path(p).resolve().parent for p in source}
+    base = Path(source[0]) if len(source) == 1 else (parents.pop() if len(parents) == 1 else Path.cwd())
+    return base / "report"
+
+
+def build_report(run_dirs_or_sweep_dir: Path | list[Path], cfg: DictConfig) -> Path:
+    """Write ``runs.csv``, per-model tables (CSV + Markdown), Pareto and content plots and ``report.md``.
+
+    Reads only each run's ``metrics.json`` (runs not evaluated are skipped with a warning), plus the
+    runs listed in ``eval.report.extra_runs`` (e.g. an AR baseline). Returns the report directory.
+    """
+    extra = [Path(p) for p in OmegaConf.select(cfg, "eval.report.extra_runs", default=None) or []]
+    results = [r for r in map(load_run, find_run_dirs(run_dirs_or_sweep_dir) + extra) if r is not None]
+    if not results:
+        raise FileNotFoundError(f"no evaluated runs (metrics.json) under {run_dirs_or_sweep_dir}")
+    out = report_dir(run_dirs_or_sweep_dir, cfg)
+    out.mkdir(parents=True, exist_ok=True)
+    df = results_frame(results)
+    df.to_csv(out / "runs.csv", index=False)
+    sections = [p.read_text(encoding="utf-8") for p in write_tables(df, out)]
+    xs = list(OmegaConf.select(cfg, "eval.report.pareto_x", default=["speedup", "step_compression"]))
+    ys = list(OmegaConf.select(cfg, "eval.report.pareto_y", default=["fid", "clip_score"]))
+    for model, group in df.groupby("model"):
+        figures = [plot_pareto(group, xs, ys, f"{model}: speed vs quality", out / f"pareto_{model}.png")]
+        runs = [(row["label"] + _hp(row), results[i]) for i, row in group.iterrows()]
+        figures += _content(model, runs, out)
+        sections.append("\n".join(f"![{p.stem}]({p.name})" for p in figures) + "\n")
+    (out / "report.md").write_text("# csd-bench report\n\n" + "\n".join(sections), encoding="utf-8")
+    log.info("report: %d runs -> %s", len(df), out)
+    return out
+
+
+def _hp(row: pd.Series) -> str:
+    """CSD-style runs are told apart by lambda and delta in plot legends."""
+    return "" if pd.isna(row["lam"]) else f" λ={row['lam']} δ={row['delta']}"
+
+
+def _content(model: str, runs: list[tuple[str, dict]], out: Path) -> list[Path]:
+    """Heatmaps, acceptance-vs-entropy and (toy) region plots of the runs that recorded them."""
+    figs = []
+    maps = [(label, r["content"]["acceptance_maps"]) for label, r in runs if "acceptance_maps" in r["content"]]
+    if maps:
+        figs.append(content_plots.save(content_plots.heatmap_figure(maps), out / f"acceptance_heatmaps_{model}.png"))
+    curves = [(label, r["content"]["acceptance_by_entropy"]) for label, r in runs if "acceptance_by_entropy" in r["content"]]
+    if curves:
+        figs.append(content_plots.save(content_plots.entropy_figure(curves), out / f"acceptance_vs_entropy_{model}.png"))
+    regions = [(label, r["content"]["regions"]) for label, r in runs if "regions" in r["content"]]
+    if regions:
+        figs.append(content_plots.save(content_plots.regions_figure(regions), out / f"relaxed_by_region_{model}.png"))
+    return figs

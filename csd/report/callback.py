@@ -1,0 +1,24 @@
+"""Hydra callback that builds the sweep report once every job of a multirun has finished."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
+
+from csd.report.build import build_report
+
+log = logging.getLogger(__name__)
+
+
+class SweepReportCallback(Callback):
+    """``on_multirun_end``: :func:`build_report` over ``hydra.sweep.dir`` (jobs must have run ``evaluate``)."""
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        if config.get("stage") not in ("evaluate", "all"):
+            log.info("stage=%s: no metrics to report for the sweep", config.get("stage"))
+            return
+        build_report(Path(config.hydra.sweep.dir), config)

@@ -1,0 +1,37 @@
+"""The paper-style results table, one per model: CSV and Markdown."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+METHOD_ORDER = ("ar", "sjd", "gsd", "addition", "amplify", "lantern", "csd")
+#: frame column -> table header (columns a sweep did not measure are dropped)
+COLUMNS = {
+    "label": "method", "lam": "lambda", "delta": "delta", "latency_mean": "latency (s)", "speedup": "speed-up",
+    "step_compression": "step compression", "acceptance_rate": "acceptance", "clip_score": "CLIP",
+    "fid": "FID", "scene_acc_overall": "scene acc.",
+}
+
+
+def paper_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Rows in the papers' method order (then lambda, delta), paper column names, rounded."""
+    order = {m: i for i, m in enumerate(METHOD_ORDER)}
+    rows = df.assign(_order=df["method"].map(lambda m: order.get(m, len(order))))
+    rows = rows.sort_values(["_order", "label", "lam", "delta"], na_position="first")
+    cols = [c for c in COLUMNS if c in rows and rows[c].notna().any()]
+    return rows[cols].rename(columns=COLUMNS).round(3).reset_index(drop=True)
+
+
+def write_tables(df: pd.DataFrame, out_dir: Path) -> list[Path]:
+    """``table_<model>.csv`` and ``.md`` for each model of the sweep; returns the Markdown paths."""
+    written = []
+    for model, group in df.groupby("model"):
+        table = paper_table(group)
+        table.to_csv(out_dir / f"table_{model}.csv", index=False)
+        md = out_dir / f"table_{model}.md"
+        md.write_text(f"### {model} ({', '.join(sorted(group['dataset'].unique()))})\n\n"
+                      + table.to_markdown(index=False, floatfmt=".3g", missingval="") + "\n", encoding="utf-8")
+        written.append(md)
+    return written

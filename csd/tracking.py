@@ -1,0 +1,83 @@
+"""Weights & Biases tracking of evaluated runs (``logger`` config group).
+
+One W&B run per evaluated run: the run's resolved config and run.json as config, a per-image
+table, a grid of sample images, the acceptance heatmaps and the summary metrics. Runs of one Hydra
+multirun share a ``group`` (the sweep directory's name unless ``logger.group`` is set). W&B's own
+sweeps need its server, so sweeping is Hydra's job.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+import wandb
+from omegaconf import DictConfig, OmegaConf
+from torchvision.utils import make_grid
+
+from csd.evaluation.context import EvalContext
+from csd.evaluation.images import load_rgb, to_tensor
+from csd.report.content_plots import heatmap_figure
+
+#: Hydra writes this file into a multirun's sweep directory
+MULTIRUN_MARKER = "multirun.yaml"
+
+
+def wandb_group(run_dir: Path, logger: DictConfig) -> str | None:
+    """``logger.group``, else the sweep directory's name when the run is a multirun job."""
+    if logger.get("group"):
+        return str(logger.group)
+    sweep = run_dir.resolve().parent
+    return sweep.name if (sweep / MULTIRUN_MARKER).exists() else None
+
+
+def sample_grid(paths: list[Path], nrow: int = 4) -> np.ndarray:
+    """The images as one ``[H, W, 3]`` uint8 grid (all resized to the first image's size)."""
+    first = load_rgb(paths[0])
+    tiles = [to_tensor(load_rgb(p).resize(first.size)) for p in paths]
+    return make_grid(torch.stack(tiles), nrow=nrow, padding=2).permute(1, 2, 0).numpy()
+
+
+def per_image_table(ctx: EvalContext, per_image: dict[str, list], max_images: int) -> wandb.Table:
+    """One row per image: identity, the per-image metrics, and a thumbnail for the first ``max_images``."""
+    columns = ["prompt_id", "sample", "prompt", *per_image, "image"]
+    rows = []
+    for i, rec in enumerate(ctx.records):
+        image = wandb.Image(str(ctx.run_dir / rec["image"])) if i < max_images else None
+        rows.append([rec["prompt_id"], rec["sample"], rec["prompt"], *(v[i] for v in per_image.values()), image])
+    return wandb.Table(columns=columns, data=rows)
+
+
+def log_evaluated_run(ctx: EvalContext, result: dict[str, Any], per_image: dict[str, list], cfg: DictConfig) -> Path:
+    """Log one evaluated run to W&B (``cfg.logger``); returns the local W&B run directory."""
+    logger = cfg.logger
+    run = wandb.init(
+        project=logger.project,
+        entity=logger.get("entity"),
+        group=wandb_group(ctx.run_dir, logger),
+        tags=list(logger.get("tags") or []),
+        mode=logger.mode,
+        dir=str(logger.get("dir") or ctx.run_dir),
+        name=f"{ctx.run_dir.name}",
+        config={"config": OmegaConf.to_container(ctx.run_config), "run": ctx.info},
+        reinit="finish_previous",
+        settings=wandb.Settings(console="off", silent=True),
+    )
+    n = int(logger.get("max_images", 16))
+    payload: dict[str, Any] = {
+        "per_image": per_image_table(ctx, per_image, n),
+        "samples": wandb.Image(sample_grid(ctx.image_paths[:n]), caption=f"first {min(n, len(ctx.records))} images"),
+    }
+    maps = result["content"].get("acceptance_maps")
+    if maps is not None:
+        fig = heatmap_figure([(result["run"]["method"], maps)])
+        payload["acceptance_heatmaps"] = wandb.Image(fig)
+        plt.close(fig)
+    run.log(payload)
+    run.summary.update({k: v for k, v in result["metrics"].items() if v == v})  # NaN-free
+    run_dir = Path(run.dir).parent
+    run.finish()
+    return run_dir
