@@ -81,6 +81,9 @@ def validate(cfg: DictConfig) -> None:
     if model.get("top_k") is not None:
         _check(isinstance(model.top_k, int) and model.top_k >= 1, f"model.top_k={model.top_k!r} must be an integer >= 1 (or null for no top-k)")
 
+    mcl = cfg.engine.max_cache_len
+    _check(mcl is None or (isinstance(mcl, int) and mcl >= 1), f"engine.max_cache_len={mcl!r} must be null or a positive integer")
+
     data = cfg.dataset
     _check(data.name in choices("dataset"), f"dataset={data.name!r}: choose one of {choices('dataset')}")
     if data.get("n_prompts") is not None:
@@ -108,10 +111,16 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-def build_adapter(model: DictConfig, device: torch.device) -> ModelAdapter:
+def build_adapter(model: DictConfig, device: torch.device, engine: DictConfig | None = None) -> ModelAdapter:
+    """The model's loader with its config values (``engine.compile``: static cache + compiled decode step)."""
     params = {k: v for k, v in OmegaConf.to_container(model, resolve=True).items() if k not in ("name", "_target_")}
     params["top_k"] = params.get("top_k") or 0
-    return get_method(model._target_)(**params, device=str(device))
+    loader = get_method(model._target_)
+    if engine is not None and engine.compile:
+        if "compile" not in inspect.signature(loader).parameters:
+            raise ConfigError(f"engine.compile=true: model={model.name} has no compiled path; use engine.compile=false")
+        params.update(cache="static", compile=True, max_cache_len=engine.max_cache_len)
+    return loader(**params, device=str(device))
 
 
 def load_prompts(dataset: DictConfig) -> list[Prompt]:

@@ -86,11 +86,13 @@ def generate_run(cfg: DictConfig) -> Path:
         log.info("%s: all %d images already generated", run_dir, n_images)
         return run_dir
     device = resolve_device(cfg.device)
-    adapter = build_adapter(cfg.model, device)
+    adapter = build_adapter(cfg.model, device, cfg.engine)
     write_run_info(run_dir, cfg, adapter.describe(), n_images)
-    engine = JacobiEngine(adapter, rule, window=cfg.method.window, init=cfg.method.init)
+    engine = JacobiEngine(adapter, rule, window=cfg.method.window, init=cfg.method.init, pad_window=cfg.engine.compile)
     for _ in range(cfg.engine.warmup):  # compile / allocator warm-up, not recorded
         engine.generate(todo[0][1].text, seed=0)
+    if cfg.engine.compile and cfg.method.window > 1:  # trace q = 1 too (reached only in a final one-row window)
+        JacobiEngine(adapter, rule, window=1, pad_window=True).generate(todo[0][1].text, seed=0)
     log.info("%s: %d of %d images to generate", run_dir, len(todo), n_images)
     for index, prompt, sample in tqdm(todo, desc=f"{cfg.method.name}", disable=not cfg.engine.progress):
         gen = engine.generate(prompt.text, seed=image_seed(cfg.seed, index, sample))

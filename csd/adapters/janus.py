@@ -17,7 +17,7 @@ import os
 from collections.abc import Callable
 
 import torch
-from transformers import DynamicCache, JanusConfig, JanusForConditionalGeneration
+from transformers import Cache, DynamicCache, JanusConfig, JanusForConditionalGeneration
 
 from csd.adapters.base import BodyLayout, DecodeContext, MissingWeightsError, ModelAdapter, SamplingConfig
 from csd.fast import StaticDecoder
@@ -57,14 +57,13 @@ class JanusAdapter(ModelAdapter):
         self.image_token_ids = torch.arange(self.vocab_size)
         side = int(round(model.config.vision_config.num_image_tokens**0.5))
         self.layout = BodyLayout.raster(side, side)
-        self.static = None
+        self.static: StaticDecoder | None = None
         if cache == "static":
-            self.static = StaticDecoder(
-                self.decode_step, model.config.text_config, self.layout.length, max_cache_len,
-                compile_backend if compile else None,
-            )
+            backend = compile_backend if compile else None
+            config = model.config.text_config
+            self.static = StaticDecoder(self.decode_step, config, self.layout.length, max_cache_len, backend)
 
-    def decode_step(self, embeds: torch.Tensor, cache) -> torch.Tensor:
+    def decode_step(self, embeds: torch.Tensor, cache: Cache) -> torch.Tensor:
         """Language model + image head: ``[rows, q, D]`` embeddings -> ``[rows, q, vocab_size]`` logits."""
         hidden = self.model.model.language_model(inputs_embeds=embeds, cache=cache, use_cache=True)
         return self.model.model.generation_head(hidden.last_hidden_state)

@@ -1,0 +1,465 @@
+"""Latency benchmark of the decoding paths (PERFORMANCE.md): eager DynamicCache, eager StaticCache, compiled.
+
+Measures, for one Janus-Pro model config:
+
+* per-step time of a ``q = 1`` and a ``q = L`` forward on each path, with a full image's worth of
+  cache (prompt + image body), and the compile time of the two shapes;
+* the memory-bandwidth floor per step: bytes of the weights a step reads / a measured device copy rate;
+* the full-image AR latency (the engine with ``window = 1``) on each path;
+* SJD and CSD per-iteration time on the fastest path (the engine with ``window = L``, drafts padded);
+* CSD's overhead over SJD per iteration: ``verify_window`` with each rule on the same ``[L, V]``
+  tensors (entropy, TV filter, relaxed acceptance), device-synchronised over many repetitions.
+
+Weights: random weights of the real shape change no per-step cost (only how many steps speculative
+decoding needs, so SJD/CSD step compression is meaningful with ``--weights`` only). Without
+``--weights`` the model is built from the config's ``config.json`` when it is available offline,
+else from the hard-coded Janus-Pro-7B / 1B shapes. Prompts are then synthetic ids of ``--prompt-len``.
+
+GPU (one H200, 7B shape, ~5 min of which ~130 s compile)::
+
+    HF_HUB_OFFLINE=1 python experiments/bench_latency.py --model janus_pro_7b
+
+CPU smoke run (seconds): ``python experiments/bench_latency.py --model janus_pro_tiny --compile-backend aot_eager``.
+Writes ``<out>/<model>_<device>.json`` and ``.md`` (default ``results/bench/``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+from omegaconf import OmegaConf
+from transformers import JanusConfig, JanusForConditionalGeneration
+
+from csd.acceptance import CSD, SJD, AcceptanceRule, entropy
+from csd.adapters.base import SamplingConfig
+from csd.adapters.janus import JanusAdapter, load_janus_adapter, tiny_janus_adapter
+from csd.config import CONF_DIR, resolve_device
+from csd.engine import JacobiEngine, synchronize
+from csd.verify import verify_window
+
+#: Janus-Pro language-model shapes (DeepSeek-LLM 7B / 1.3B), for offline runs without any model file
+JANUS_PRO_SHAPES = {
+    "janus_pro_7b": dict(hidden=4096, intermediate=11008, layers=30, heads=32),
+    "janus_pro_1b": dict(hidden=2048, intermediate=5632, layers=24, heads=16),
+}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+#: synthetic prompt ids: BOS, pad and BOI, then caption bytes from SYNTH_BYTE0
+SYNTH_BOS, SYNTH_PAD, SYNTH_BOI, SYNTH_BYTE0 = 1, 0, 2, 3
+CAPTION = "a photo of a red fox sitting in the snow next to a wooden cabin, golden hour light, "
+PATHS = {"dynamic": ("dynamic", False), "static": ("static", False), "compiled": ("static", True)}
+
+
+# ------------------------------------------------------------------------------------------- models
+
+
+def janus_pro_shape(name: str) -> JanusConfig:
+    """A Janus-Pro config of the real shape from hard-coded numbers (24x24 tokens, 16384 codes)."""
+    s = JANUS_PRO_SHAPES[name]
+    text = dict(
+        model_type="llama",
+        vocab_size=102400,
+        hidden_size=s["hidden"],
+        intermediate_size=s["intermediate"],
+        num_hidden_layers=s["layers"],
+        num_attention_heads=s["heads"],
+        num_key_value_heads=s["heads"],
+        max_position_embeddings=16384,
+    )
+    vq = dict(
+        num_embeddings=16384, num_patches=24, projection_dim=s["hidden"], image_token_embed_dim=s["hidden"]
+    )
+    return JanusConfig(text_config=text, vision_config=dict(projection_dim=s["hidden"]), vq_config=vq)
+
+
+@contextlib.contextmanager
+def default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def synthetic_encoder(vocab: int) -> Callable[[str], torch.Tensor]:
+    """BOS + caption bytes + BOI as ids of a random-weight model (the length is all that matters)."""
+
+    def encode(caption: str) -> torch.Tensor:
+        return torch.tensor([SYNTH_BOS, *((SYNTH_BYTE0 + b) % vocab for b in caption.encode()), SYNTH_BOI])
+
+    return encode
+
+
+def random_janus(
+    name: str, path: str, dtype: torch.dtype, device: torch.device
+) -> tuple[JanusForConditionalGeneration, str]:
+    """Random weights of the real shape: from ``path``'s config.json when available, else hard-coded."""
+    try:
+        config = JanusConfig.from_pretrained(
+            path, local_files_only=os.environ.get("HF_HUB_OFFLINE", "0") == "1"
+        )
+        source = f"config.json of {path}"
+    except (OSError, ValueError):  # hub clients raise OSError / HFValidationError subclasses
+        if name not in JANUS_PRO_SHAPES:
+            raise
+        config, source = janus_pro_shape(name), "hard-coded shape"
+    with default_dtype(dtype), device:
+        model = JanusForConditionalGeneration(config)
+    return model, f"random weights ({source})"
+
+
+def base_adapter(args: argparse.Namespace, device: torch.device) -> tuple[JanusAdapter, str, str]:
+    """The eager adapter of ``args.model``, how its weights were made, and the prompt to decode."""
+    params = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "model" / f"{args.model}.yaml"), resolve=True)
+    target = params.pop("_target_")
+    params.pop("name")
+    params["top_k"] = params.get("top_k") or 0
+    if args.dtype:
+        params["dtype"] = args.dtype
+    if target.endswith("tiny_janus_adapter"):
+        return tiny_janus_adapter(**params, device=str(device)), "tiny random model", CAPTION
+    if not target.endswith("load_janus_adapter"):
+        raise SystemExit(f"bench_latency supports the Janus-Pro model configs, not {args.model} ({target})")
+    path = args.path or params["path"]
+    if args.weights:
+        params.update(path=path, random_init=False, device=str(device))
+        return load_janus_adapter(**params), f"weights of {path}", CAPTION
+    model, source = random_janus(args.model, path, DTYPES[params["dtype"]], device)
+    vocab = model.config.text_config.vocab_size
+    sampling = SamplingConfig(params["guidance_scale"], params["top_k"], params["temperature"])
+    adapter = JanusAdapter(model, synthetic_encoder(vocab), (SYNTH_BOS, SYNTH_PAD, SYNTH_BOI), sampling)
+    caption = (CAPTION * (args.prompt_len // len(CAPTION) + 1))[: args.prompt_len - 2]
+    return adapter, source, caption
+
+
+def step_weight_bytes(model: JanusForConditionalGeneration) -> int:
+    """Bytes of the weights every decode step reads: the language model (without its input embedding
+    table, of which a step reads a few rows) and the image head."""
+    modules = [model.model.language_model, model.model.generation_head, model.model.generation_aligner]
+    skip = {id(model.model.language_model.get_input_embeddings().weight)}
+    return sum(p.numel() * p.element_size() for m in modules for p in m.parameters() if id(p) not in skip)
+
+
+# ------------------------------------------------------------------------------------------- timing
+
+
+def copy_rate(device: torch.device, n_bytes: int, reps: int = 10) -> float:
+    """Measured device memory bandwidth in bytes/s: a ``copy_`` of ``n_bytes`` reads and writes them."""
+    src = torch.empty(n_bytes, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    synchronize(device)
+    start = time.perf_counter()
+    for _ in range(reps):
+        dst.copy_(src)
+    synchronize(device)
+    return 2 * n_bytes * reps / (time.perf_counter() - start)
+
+
+def timed(fn: Callable[[], Any], device: torch.device) -> float:
+    """Seconds one call of ``fn`` takes, device-synchronised."""
+    synchronize(device)
+    start = time.perf_counter()
+    fn()
+    synchronize(device)
+    return time.perf_counter() - start
+
+
+def summary_ms(seconds: list[float]) -> dict[str, float]:
+    return {"median_ms": 1e3 * statistics.median(seconds), "mean_ms": 1e3 * statistics.fmean(seconds)}
+
+
+@torch.no_grad()
+def step_times(adapter: JanusAdapter, prompt: str, window: int, warmup: int, steps: int) -> dict[str, Any]:
+    """Per-step time of ``q = 1`` and ``q = window`` forwards after a full image of cache entries.
+
+    The cache is filled with ``window``-row forwards only (the compiled path's two shapes); each timed
+    forward is rolled back, so every step sees the same cache length. The first call of each shape
+    (its compilation on the compiled path) is reported as ``first_call_s``.
+    """
+    device = adapter.device
+    gen = torch.Generator(device=device).manual_seed(0)
+    ids = adapter.image_token_ids.to(device)[
+        torch.randint(adapter.vocab_size, (window,), generator=gen, device=device)
+    ]
+    ctx = adapter.prefill(prompt)
+    first_l = timed(lambda: adapter.forward(ctx, ids[1:], with_prompt_tail=True), device)
+    first_1 = timed(lambda: adapter.forward(ctx, ids[:1]), device)
+    filled = window + 1
+    while filled + window <= adapter.layout.length:
+        adapter.forward(ctx, ids)
+        filled += window
+    out: dict[str, Any] = {"cached_body_tokens": filled}
+    for q, first in ((1, first_1), (window, first_l)):
+        times = []
+        for i in range(warmup + steps):
+            dt = timed(lambda q=q: (adapter.forward(ctx, ids[:q]), adapter.rollback(ctx, q)), device)
+            if i >= warmup:
+                times.append(dt)
+        out[f"q{q}"] = {**summary_ms(times), "first_call_s": first}
+    return out
+
+
+def engine_times(
+    adapter: JanusAdapter, rule: AcceptanceRule, window: int, prompt: str, images: int, warmup: int, pad: bool
+) -> dict[str, Any]:
+    """Full-image decoding with the engine: latency, iterations (NFE) and time per iteration."""
+    engine = JacobiEngine(adapter, rule, window=window, pad_window=pad)
+    for seed in range(warmup):
+        engine.generate(prompt, seed=10_000 + seed)
+    gens = [engine.generate(prompt, seed=seed) for seed in range(images)]
+    iteration_s = [g.decode_s / g.nfe for g in gens]
+    return {
+        "latency_s": statistics.fmean(g.prefill_s + g.decode_s for g in gens),
+        "prefill_s": statistics.fmean(g.prefill_s for g in gens),
+        "nfe": statistics.fmean(g.nfe for g in gens),
+        "step_compression": statistics.fmean(g.step_compression for g in gens),
+        "ms_per_iteration": 1e3 * statistics.fmean(iteration_s),
+    }
+
+
+@torch.no_grad()
+def verify_times(
+    vocab: int, window: int, device: torch.device, reps: int, rules: dict[str, AcceptanceRule]
+) -> dict[str, float]:
+    """ms per call of ``verify_window`` per rule (and of the entropy the engine computes for every rule)
+    on the same ``[1, L, V]`` target and draft distributions; rules are timed interleaved, in blocks."""
+    gen = torch.Generator(device=device).manual_seed(0)
+    logits = 3 * torch.randn((1, window, vocab), generator=gen, device=device)
+    target = torch.softmax(logits, -1)
+    # carried drafts: distributions near the target (so the TV filter sees both outcomes)
+    draft_probs = torch.softmax(
+        logits[:, 1:] + torch.randn(logits[:, 1:].shape, generator=gen, device=device), -1
+    )
+    drafts = torch.randint(vocab, (1, window - 1), generator=gen, device=device)
+    forced = torch.zeros((1, window - 1), dtype=torch.bool, device=device)
+    target_ent = entropy(target)
+    calls: dict[str, Callable[[], Any]] = {
+        name: (lambda r=rule: verify_window(r, target, target_ent, drafts, draft_probs, forced, gen))
+        for name, rule in rules.items()
+    }
+    calls["entropy"] = lambda: entropy(target)
+    totals = dict.fromkeys(calls, 0.0)
+    block = max(reps // 10, 1)
+    for fn in calls.values():  # warm-up
+        for _ in range(block):
+            fn()
+    for _ in range(reps // block):
+        for name, fn in calls.items():
+            totals[name] += timed(lambda fn=fn: [fn() for _ in range(block)], device)
+    return {name: 1e3 * total / (block * (reps // block)) for name, total in totals.items()}
+
+
+# ------------------------------------------------------------------------------------------- report
+
+
+def markdown(res: dict[str, Any]) -> str:
+    meta, window = res["meta"], res["meta"]["window"]
+    lines = [
+        f"## Latency: {meta['model']} ({meta['weights']}), {meta['dtype']}, {meta['device_name']}",
+        "",
+        f"torch {meta['torch']}, transformers {meta['transformers']}; CFG rows {meta['rows']}, prompt "
+        f"{meta['prompt_tokens']} tokens, window L = {window}, steps timed after {meta['steps']['cached']} cached "
+        f"body tokens ({meta['steps']['warmup']} warm-up + {meta['steps']['timed']} timed, median).",
+        "",
+        f"Bandwidth floor per step: {res['bandwidth']['weight_gb']:.2f} GB of weights / "
+        f"{res['bandwidth']['copy_tb_s']:.2f} TB/s copy rate = **{res['bandwidth']['floor_ms']:.2f} ms**",
+        "",
+        f"| path | q = 1 (ms) | q = {window} (ms) | first call q = 1 / {window} (s) | AR image (s) | AR ms/step |",
+        "|---|---|---|---|---|---|",
+    ]
+    for path, r in res["paths"].items():
+        s, ar = r["steps"], r.get("ar")
+        image = f"{ar['latency_s']:.2f} | {ar['ms_per_iteration']:.2f}" if ar else "- | -"
+        lines.append(
+            f"| {path} | {s['q1']['median_ms']:.2f} | {s[f'q{window}']['median_ms']:.2f} | "
+            f"{s['q1']['first_call_s']:.1f} / {s[f'q{window}']['first_call_s']:.1f} | {image} |"
+        )
+    spec = res["speculative"]
+    lines += [
+        "",
+        f"Speculative decoding on the {spec['path']} path (L = {window}, drafts padded to L):",
+        "",
+        "| method | ms / iteration | of which outside the forward | iterations | step compression | image latency (s) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name in ("sjd", "csd"):
+        r = spec[name]
+        lines.append(
+            f"| {name} | {r['ms_per_iteration']:.2f} | {r['outside_forward_ms']:.2f} | {r['nfe']:.0f} | "
+            f"{r['step_compression']:.2f} | {r['latency_s']:.2f} |"
+        )
+    v = res["verify"]
+    lines += [
+        "",
+        f"`verify_window` on [{window}, {meta['vocab']}] ({v['reps']} reps): SJD {v['sjd_ms']:.3f} ms, "
+        f"CSD {v['csd_ms']:.3f} ms, entropy {v['entropy_ms']:.3f} ms. **CSD overhead over SJD: "
+        f"{v['csd_overhead_ms']:.3f} ms / iteration** ({v['csd_overhead_with_entropy_ms']:.3f} ms counting the "
+        f"entropy an SJD-only engine could skip).",
+    ]
+    if meta["compile_backend"]:
+        c = res["compile"]
+        lines += [
+            "",
+            f"Compiled graphs: {c['graphs']} (expected 2), CUDA-graph skips: {c['cudagraph_skips']} (expected 0 on CUDA).",
+        ]
+    if not meta["weights"].startswith("weights"):
+        lines += ["", "Random weights: per-step costs are real, step compression is not."]
+    return "\n".join(lines) + "\n"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="janus_pro_7b", help="a conf/model/ name (Janus-Pro family)")
+    p.add_argument("--weights", action="store_true", help="load the checkpoint (default: random weights)")
+    p.add_argument("--path", help="hub id or directory overriding the config's model.path")
+    p.add_argument("--dtype", choices=sorted(DTYPES), help="override the config's dtype")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--window", type=int, default=16, help="L: rows of a speculative forward")
+    p.add_argument("--prompt-len", type=int, default=64, help="synthetic prompt tokens (random weights)")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--images", type=int, default=1, help="timed full images per engine measurement")
+    p.add_argument("--verify-reps", type=int, default=200)
+    p.add_argument("--compile-backend", default="inductor", help="torch.compile backend of the compiled path")
+    p.add_argument("--no-compile", action="store_true", help="skip the compiled path")
+    p.add_argument(
+        "--eager-images",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="full AR images on the eager paths too (7B on an H200: ~65 s)",
+    )
+    p.add_argument("--lam", type=float, default=0.1)
+    p.add_argument("--delta", type=float, default=0.5)
+    p.add_argument("--out", type=Path, default=Path("results/bench"))
+    args = p.parse_args(argv)
+    if args.window < 2:
+        p.error("--window must be >= 2")
+    return args
+
+
+def build_paths(base: JanusAdapter, args: argparse.Namespace, max_cache_len: int) -> dict[str, JanusAdapter]:
+    """The eager adapter plus static-cache ones (eager, compiled) sharing its model, all with one cache length."""
+    special = (base.bos_id, base.pad_id, base.boi_id)
+    paths = {"dynamic": base}
+    for name in ("static",) if args.no_compile else ("static", "compiled"):
+        cache, compiled = PATHS[name]
+        paths[name] = JanusAdapter(
+            base.model,
+            base.encode,
+            special,
+            base.sampling,
+            cache=cache,
+            compile=compiled,
+            max_cache_len=max_cache_len,
+            compile_backend=args.compile_backend,
+        )
+    return paths
+
+
+def describe_run(args: argparse.Namespace, base: JanusAdapter, weights: str, prompt: str) -> dict[str, Any]:
+    device, rows = base.device, base.prompt_rows(prompt)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
+    return {
+        "model": args.model,
+        "weights": weights,
+        "dtype": str(next(base.model.parameters()).dtype).removeprefix("torch."),
+        "device": device.type,
+        "device_name": name,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "window": args.window,
+        "rows": int(rows.shape[0]),
+        "prompt_tokens": int(rows.shape[1]),
+        "vocab": base.vocab_size,
+        "body_length": base.layout.length,
+        "compile_backend": None if args.no_compile else args.compile_backend,
+        "steps": {"warmup": args.warmup, "timed": args.steps},
+    }
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    device = resolve_device(args.device)
+    start = time.perf_counter()
+
+    def stage(text: str) -> None:
+        print(f"[{time.perf_counter() - start:6.1f} s] {text}", flush=True)
+
+    base, weights, prompt = base_adapter(args, device)
+    res: dict[str, Any] = {"meta": describe_run(args, base, weights, prompt)}
+    # one cache length for every use, so that the compiled path captures exactly two graphs
+    max_cache_len = -(-(res["meta"]["prompt_tokens"] + base.layout.length + args.window) // 64) * 64
+    res["meta"]["max_cache_len"] = max_cache_len
+    paths = build_paths(base, args, max_cache_len)
+
+    rate = copy_rate(device, (1 << 30) if device.type == "cuda" else (64 << 20))
+    weight_bytes = step_weight_bytes(base.model)
+    res["bandwidth"] = {
+        "weight_gb": weight_bytes / 1e9,
+        "copy_tb_s": rate / 1e12,
+        "floor_ms": 1e3 * weight_bytes / rate,
+    }
+    res["paths"] = {}
+    for name, adapter in paths.items():
+        stage(f"steps: {name}")
+        res["paths"][name] = {"steps": step_times(adapter, prompt, args.window, args.warmup, args.steps)}
+    res["meta"]["steps"]["cached"] = res["paths"]["dynamic"]["steps"]["cached_body_tokens"]
+
+    fastest = "static" if args.no_compile else "compiled"
+    for name, adapter in paths.items():
+        if name == fastest or args.eager_images:
+            stage(f"AR image: {name}")
+            warmup = 1 if name == "compiled" else 0
+            res["paths"][name]["ar"] = engine_times(adapter, SJD(), 1, prompt, args.images, warmup, pad=True)
+
+    rules = {"sjd": SJD(), "csd": CSD(lam=args.lam, delta=args.delta)}
+    step_ms = res["paths"][fastest]["steps"][f"q{args.window}"]["median_ms"]
+    res["speculative"] = {"path": fastest}
+    for name, rule in rules.items():
+        stage(f"{name}: {fastest}")
+        r = engine_times(paths[fastest], rule, args.window, prompt, args.images, 1, pad=True)
+        res["speculative"][name] = {**r, "outside_forward_ms": r["ms_per_iteration"] - step_ms}
+
+    stage("verify_window")
+    ver = verify_times(base.vocab_size, args.window, device, args.verify_reps, rules)
+    overhead = ver["csd"] - ver["sjd"]
+    res["verify"] = {
+        "reps": args.verify_reps,
+        "sjd_ms": ver["sjd"],
+        "csd_ms": ver["csd"],
+        "entropy_ms": ver["entropy"],
+        "csd_overhead_ms": overhead,
+        "csd_overhead_with_entropy_ms": overhead + ver["entropy"],
+    }
+    # dynamo's internal counters: the compiled path should trace 2 graphs and replay them as CUDA graphs
+    stats = torch._dynamo.utils.counters
+    res["compile"] = {
+        "graphs": stats["stats"]["unique_graphs"],
+        "cudagraph_skips": stats["inductor"]["cudagraph_skips"],
+    }
+    res["meta"]["wall_s"] = time.perf_counter() - start
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = args.out / f"{args.model}_{device.type}"
+    stem.with_suffix(".json").write_text(json.dumps(res, indent=2))
+    table = markdown(res)
+    stem.with_suffix(".md").write_text(table)
+    print(table)
+    print(f"wrote {stem}.json and {stem}.md in {res['meta']['wall_s']:.0f} s")
+    return res
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,140 @@
+"""The fast path (``csd.fast``): StaticCache rollback, token identity with the eager DynamicCache path,
+no recompilation across prompts, and the latency benchmark's CPU smoke run.
+
+The compiled adapter uses the ``aot_eager`` backend: the same full-graph, fixed-shape trace as
+inductor (graph breaks and recompilations show up identically) without minutes of C++ code generation
+on a CPU. Inductor itself reproduced these tokens too (checked by hand; too slow for CI).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from transformers import DynamicCache, StaticCache
+
+from csd.acceptance import CSD, SJD
+from csd.adapters.janus import tiny_janus_adapter
+from csd.engine import JacobiEngine
+from csd.fast import StaticDecoder, check_transformers_version, rollback_static_cache
+from experiments import bench_latency
+
+torch.set_num_threads(1)
+
+TINY = dict(grid=4, head_scale=20.0, guidance_scale=5.0, seed=0)  # 16 image tokens
+PROMPTS = ("a red cat", "a dog on grass", "a big cat")  # the first and last have equal lengths
+
+
+@pytest.fixture(scope="module")
+def adapters():
+    torch.compiler.reset()
+    return {
+        "dynamic": tiny_janus_adapter(**TINY),
+        "static": tiny_janus_adapter(**TINY, cache="static"),
+        "compiled": tiny_janus_adapter(**TINY, cache="static", compile=True, compile_backend="aot_eager"),
+    }
+
+
+def decode(adapter, rule, window: int, pad: bool, prompt: str, seed: int):
+    return JacobiEngine(adapter, rule, window=window, pad_window=pad).generate(prompt, seed=seed)
+
+
+@pytest.mark.parametrize(("rule", "window"), [(SJD(), 1), (SJD(), 4), (CSD(lam=0.5, delta=0.9), 4)])
+def test_static_and_compiled_paths_are_token_identical(adapters, rule, window):
+    for seed, prompt in enumerate(PROMPTS[:2]):
+        ref = decode(adapters["dynamic"], rule, window, False, prompt, seed)
+        for path in ("static", "compiled"):
+            gen = decode(adapters[path], rule, window, True, prompt, seed)
+            assert torch.equal(gen.tokens, ref.tokens), (path, prompt)
+            assert gen.nfe == ref.nfe
+            assert torch.equal(gen.commit_iter, ref.commit_iter)
+
+
+def test_no_recompilation_across_prompts(adapters):
+    compiled = adapters["compiled"]
+    for window in (1, 4):  # both step shapes, q = 1 and q = 4, traced on the first prompt
+        decode(compiled, SJD(), window, True, PROMPTS[0], 0)
+    with torch.compiler.set_stance("fail_on_recompile"):
+        for prompt in PROMPTS:
+            for window in (1, 4):
+                decode(compiled, SJD(), window, True, prompt, 1)
+        with pytest.raises(RuntimeError, match="recompile"):  # the check is live: a third shape would compile
+            decode(compiled, SJD(), 3, True, PROMPTS[0], 0)
+    assert len(compiled.static.caches) == 1
+
+
+def test_static_decoder_bookkeeping_after_generation(adapters):
+    adapter = adapters["static"]
+    decode(adapter, SJD(), 4, True, PROMPTS[1], 0)
+    prompt_entries = adapter.prompt_rows(PROMPTS[1]).shape[1] - 1
+    # the cache holds the prompt, the prompt's last token (first anchor) and every committed token but the last
+    assert adapter.static.length == prompt_entries + adapter.layout.length
+    assert int(adapter.static.cache.get_seq_length()) == adapter.static.length
+
+
+@torch.no_grad()
+def test_rollback_is_exact_and_matches_dynamic_cache():
+    adapter = tiny_janus_adapter(**TINY)
+    model = adapter.model
+    prompt = model.get_input_embeddings()(adapter.prompt_rows(PROMPTS[0]))
+    window = model.prepare_embeddings_for_image_generation(torch.randint(64, (2, 5)))
+    other = model.prepare_embeddings_for_image_generation(torch.randint(64, (2, 5)))
+    static = StaticDecoder(adapter.decode_step, model.config.text_config, adapter.layout.length)
+    static.prefill(prompt)
+    assert static.length == prompt.shape[1]
+    first = static.step(window)
+    static.rollback(5)
+    static.step(other)  # overwrite the rolled-back entries with different states
+    static.rollback(5)
+    again = static.step(window)
+    assert torch.equal(first, again)
+    assert static.length == prompt.shape[1] + 5 == int(static.cache.get_seq_length())
+
+    dynamic = DynamicCache(config=model.config.text_config)
+    adapter.decode_step(prompt, dynamic)
+    torch.testing.assert_close(adapter.decode_step(window, dynamic), first, rtol=1e-5, atol=1e-4)
+
+    static.rollback(2)
+    tail = static.step(window[:, 3:])
+    torch.testing.assert_close(tail, first[:, 3:], rtol=1e-5, atol=1e-4)
+
+
+def test_rollback_errors():
+    adapter = tiny_janus_adapter(**TINY)
+    config = adapter.model.config.text_config
+    static = StaticDecoder(adapter.decode_step, config, body_len=4, max_cache_len=16)
+    with pytest.raises(RuntimeError, match="before prefill"):
+        static.step(torch.zeros(2, 1, 32))
+    static.prefill(torch.zeros(2, 10, 32))
+    with pytest.raises(ValueError, match="cannot roll back"):
+        static.rollback(11)
+    with pytest.raises(ValueError, match="cache overflow"):
+        static.step(torch.zeros(2, 7, 32))
+    with pytest.raises(ValueError, match="n >= 0"):
+        rollback_static_cache(static.cache, -1)
+    with pytest.raises(ValueError, match="does not fit"):
+        static.prefill(torch.zeros(2, 13, 32))
+    with pytest.raises(TypeError, match="StaticLayer"):
+        rollback_static_cache(DynamicCache(config=config), 1)
+    assert isinstance(static.cache, StaticCache)
+
+
+def test_transformers_version_guard():
+    check_transformers_version()  # the installed (pinned) version is a tested one
+    for version in ("5.16.0", "5.25.0", "6.0.0"):
+        with pytest.raises(RuntimeError, match="cumulative_length"):
+            check_transformers_version(version)
+
+
+def test_bench_latency_smoke(tmp_path):
+    argv = ["--model", "janus_pro_tiny", "--device", "cpu", "--window", "4", "--warmup", "1", "--steps", "2"]
+    argv += ["--verify-reps", "10", "--no-compile", "--no-eager-images", "--out", str(tmp_path)]
+    res = bench_latency.main(argv)
+    saved = json.loads((tmp_path / "janus_pro_tiny_cpu.json").read_text())
+    assert saved["meta"]["window"] == 4 and set(saved["paths"]) == {"dynamic", "static"}
+    assert saved["paths"]["static"]["ar"]["nfe"] == 64
+    assert saved["verify"]["csd_overhead_ms"] == pytest.approx(
+        res["verify"]["csd_ms"] - res["verify"]["sjd_ms"]
+    )
+    assert (tmp_path / "janus_pro_tiny_cpu.md").read_text().startswith("## Latency")
