@@ -15,8 +15,6 @@ from scipy import stats  # noqa: E402
 from csd.adapters.base import ModelAdapter  # noqa: E402
 from csd.processors import TargetPipeline  # noqa: E402
 
-torch.set_num_threads(1)
-
 
 @torch.no_grad()
 def exact_sequence_distribution(adapter: ModelAdapter, prompt: str) -> dict[tuple[int, ...], float]:

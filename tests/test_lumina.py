@@ -27,13 +27,6 @@ from csd.engine import JacobiEngine
 PROMPT = "a red cube"
 
 
-@pytest.fixture(autouse=True, scope="module")
-def single_thread():
-    """Tiny models are overhead-bound; one thread avoids contention on shared CPUs."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def hf_logits(adapter: LuminaAdapter, ids: torch.Tensor) -> torch.Tensor:

@@ -131,5 +131,19 @@ class ModelAdapter(ABC):
         }
 
 
+def resolve_dtype(dtype: str) -> torch.dtype:
+    """A config dtype name -> torch dtype."""
+    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    if dtype not in dtypes:
+        raise ValueError(f"dtype={dtype!r}: choose one of {sorted(dtypes)}")
+    return dtypes[dtype]
+
+
+def to_uint8(images: torch.Tensor) -> torch.Tensor:
+    """``[B, 3, H, W]`` in about [-1, 1] -> uint8 ``[B, H, W, 3]``: ``((x.clamp(-1,1) + 1) / 2 * 255).round()``."""
+    pixels = ((images.float().clamp(-1, 1) + 1) / 2 * 255).round().to(torch.uint8)
+    return pixels.permute(0, 2, 3, 1).cpu()
+
+
 class MissingWeightsError(FileNotFoundError):
     """Raised (with an actionable message) when a model's files are not available offline."""

@@ -21,8 +21,7 @@ from collections.abc import Callable
 import torch
 from transformers import Emu3Config, Emu3ForConditionalGeneration
 
-from csd.adapters.base import BodyLayout, SamplingConfig
-from csd.adapters.janus import _resolve_dtype, to_uint8
+from csd.adapters.base import BodyLayout, SamplingConfig, resolve_dtype, to_uint8
 from csd.adapters.lumina import PaddedCFGAdapter, _local_dir
 
 PromptEncoder = Callable[[str], torch.Tensor]
@@ -117,7 +116,7 @@ def load_emu3_adapter(
 
     model_dir = _local_dir(path, "Emu3-Gen", "BAAI/Emu3-Gen-hf")
     processor = Emu3Processor.from_pretrained(model_dir)
-    model = Emu3ForConditionalGeneration.from_pretrained(model_dir, dtype=_resolve_dtype(dtype))
+    model = Emu3ForConditionalGeneration.from_pretrained(model_dir, dtype=resolve_dtype(dtype))
     tok = processor.tokenizer
     grid = processor.calculate_generate_size(ratio, image_area, processor.downsample_ratio)
 
@@ -192,5 +191,5 @@ def tiny_emu3_adapter(
 
     end_ids = (vocab["<|extra_201|>"], vocab["<|image end|>"], TINY_EOS)
     sampling = SamplingConfig(guidance_scale=guidance_scale, top_k=top_k or 0, temperature=temperature, cfg_space="logprobs")
-    model = model.to(device=device, dtype=_resolve_dtype(dtype))
+    model = model.to(device=device, dtype=resolve_dtype(dtype))
     return Emu3Adapter(model, encode, (rows, cols), end_ids, TINY_PAD, sampling, "", negative_prompt, jacobi_tail)

@@ -19,16 +19,20 @@ from collections.abc import Callable
 import torch
 from transformers import Cache, DynamicCache, JanusConfig, JanusForConditionalGeneration
 
-from csd.adapters.base import BodyLayout, DecodeContext, MissingWeightsError, ModelAdapter, SamplingConfig
+from csd.adapters.base import (
+    BodyLayout,
+    DecodeContext,
+    MissingWeightsError,
+    ModelAdapter,
+    SamplingConfig,
+    resolve_dtype,
+    to_uint8,
+)
 from csd.fast import StaticDecoder
 
 PromptEncoder = Callable[[str], torch.Tensor]
 
 
-def to_uint8(images: torch.Tensor) -> torch.Tensor:
-    """``[B, 3, H, W]`` in about [-1, 1] -> uint8 ``[B, H, W, 3]``: ``((x.clamp(-1,1) + 1) / 2 * 255).round()``."""
-    pixels = ((images.float().clamp(-1, 1) + 1) / 2 * 255).round().to(torch.uint8)
-    return pixels.permute(0, 2, 3, 1).cpu()
 
 
 class JanusAdapter(ModelAdapter):
@@ -116,8 +120,6 @@ class JanusAdapter(ModelAdapter):
 # --------------------------------------------------------------------------------------------- loaders
 
 
-def _resolve_dtype(dtype: str) -> torch.dtype:
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
 
 
 def load_janus_adapter(
@@ -150,10 +152,10 @@ def load_janus_adapter(
         processor = JanusProcessor.from_pretrained(path, local_files_only=local_only)
         if random_init:
             config = JanusConfig.from_pretrained(path, local_files_only=local_only)
-            model = JanusForConditionalGeneration(config).to(_resolve_dtype(dtype))
+            model = JanusForConditionalGeneration(config).to(resolve_dtype(dtype))
         else:
             model = JanusForConditionalGeneration.from_pretrained(
-                path, dtype=_resolve_dtype(dtype), local_files_only=local_only
+                path, dtype=resolve_dtype(dtype), local_files_only=local_only
             )
     except (OSError, ValueError) as err:  # hub clients raise OSError / HFValidationError subclasses
         raise missing from err
@@ -227,7 +229,7 @@ def tiny_janus_adapter(
         for p in model.model.generation_head.parameters():
             p.mul_(head_scale)
     sampling = SamplingConfig(guidance_scale=guidance_scale, top_k=top_k, temperature=temperature)
-    model = model.to(device=device, dtype=_resolve_dtype(dtype))
+    model = model.to(device=device, dtype=resolve_dtype(dtype))
     return JanusAdapter(
         model, tiny_byte_encoder, (TINY_BOS, TINY_PAD, TINY_BOI), sampling, cache, compile, max_cache_len, compile_backend
     )

@@ -33,8 +33,14 @@ import torch
 from torch import nn
 from transformers import ChameleonConfig, ChameleonForConditionalGeneration, DynamicCache, PreTrainedConfig
 
-from csd.adapters.base import BodyLayout, DecodeContext, MissingWeightsError, ModelAdapter, SamplingConfig
-from csd.adapters.janus import _resolve_dtype
+from csd.adapters.base import (
+    BodyLayout,
+    DecodeContext,
+    MissingWeightsError,
+    ModelAdapter,
+    SamplingConfig,
+    resolve_dtype,
+)
 from csd.adapters.vqgan import VQGANConfig, VQGANDecoder, codes_from_rows, load_vqgan_decoder
 
 TextEncoder = Callable[[str], torch.Tensor]
@@ -281,7 +287,7 @@ def load_lumina_adapter(
         raise MissingWeightsError(f"{model_dir!r} has no config.json; download {hub_hint} into it")
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model, info = ChameleonForConditionalGeneration.from_pretrained(
-        model_dir, dtype=_resolve_dtype(dtype), ignore_mismatched_sizes=True, output_loading_info=True
+        model_dir, dtype=resolve_dtype(dtype), ignore_mismatched_sizes=True, output_loading_info=True
     )
     fixed = expand_qk_norms(model, _checkpoint_tensors(model_dir, QK_NORM_SUFFIXES))
     mismatched = {m[0] if isinstance(m, tuple) else m for m in info.get("mismatched_keys", [])}
@@ -371,7 +377,7 @@ def tiny_lumina_adapter(
                 norm.weight.normal_(1.0, 0.1)
                 norm.bias.normal_(0.0, 0.1)
     sampling = SamplingConfig(guidance_scale=guidance_scale, top_k=top_k or 0, temperature=temperature)
-    torch_dtype = _resolve_dtype(dtype)
+    torch_dtype = resolve_dtype(dtype)
     return LuminaAdapter(
         model.to(device=device, dtype=torch_dtype), tiny_byte_encoder, tokens,
         vqgan.to(device=device), tuple(grid), sampling, jacobi_tail,
