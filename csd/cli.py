@@ -14,6 +14,14 @@ from csd.config import ConfigError, validate
 log = logging.getLogger("csd")
 
 
+def in_multirun() -> bool:
+    """True inside a Hydra multirun job: the sweep report is built once at the end (SweepReportCallback)."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+
+
 def run_stages(cfg: DictConfig) -> None:
     """Run ``cfg.stage``; configuration and missing-file errors end the run with one clear line."""
     try:
@@ -27,7 +35,7 @@ def run_stages(cfg: DictConfig) -> None:
             from csd.evaluation import evaluate_run
 
             evaluate_run(run_dir, cfg)
-        if cfg.stage in ("report", "all"):
+        if cfg.stage == "report" or (cfg.stage == "all" and not in_multirun()):
             from csd.report import build_report
 
             target = Path(cfg.sweep_dir) if cfg.stage == "report" and cfg.sweep_dir else run_dir

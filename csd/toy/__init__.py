@@ -1,0 +1,11 @@
+"""The embedded toy text-to-image model: domain, tokenizer, LM, scene checker and CLIP.
+
+Shipped weights live in ``csd/toy/assets/`` (reproduced by ``experiments/train_toy.py``).
+"""
+
+from pathlib import Path
+
+ASSETS = Path(__file__).parent / "assets"
+TOKENIZER_FILE = ASSETS / "tokenizer.safetensors"
+LM_DIR = ASSETS / "lm"
+CLIP_DIR = ASSETS / "clip"

@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Reproduce the committed toy results under results/ (CPU, ~15 minutes on 2 cores):
+# the paper table on the toy (toy_paper) and the CSD lambda/delta ablation, with speed-ups against
+# toy_paper's AR run. Same seeds -> same tokens (tests/test_results.py checks a sample of them).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export HF_HUB_OFFLINE=1
+python run.py experiment=toy_paper logger=disabled hydra.sweep.dir=results/toy_paper
+python run.py experiment=ablation_lambda_delta model=toy dataset=toy device=cpu logger=disabled \
+  'eval.report.extra_runs=[results/toy_paper/0_ar]' hydra.sweep.dir=results/ablation_lambda_delta

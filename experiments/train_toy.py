@@ -1,0 +1,343 @@
+"""Reproduce the toy model's assets: tokenizer fit, LM training, CLIP training, AR sample evaluation.
+
+Usage, from the repository root (about 55 min on 2 lightly shared CPU cores)::
+
+    HF_HUB_OFFLINE=1 PYTHONPATH=. python experiments/train_toy.py --threads 2
+
+Stages can be run one at a time (``--stages tokenizer lm clip eval``); each reads what earlier
+stages wrote to ``--out`` (default ``csd/toy/assets``). The LM is trained in phases
+(``--phases``, see :data:`DEFAULT_PHASES`); ``--init-lm DIR --steps N`` continues a checkpoint
+with one more phase, and ``--steps N`` alone is a quick single-phase run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import random
+import time
+from pathlib import Path
+from typing import TextIO
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from csd.toy import ASSETS
+from csd.toy.domain import render_batch, sample_spec, training_stream
+from csd.toy.model import IMAGE_TOKENS, toy_lm_config
+from csd.toy.tokenizer import PatchTokenizer
+from csd.toy.vocab import N_TEXT, PROMPT_LEN, encode_caption
+
+REPO = Path(__file__).resolve().parents[1]
+#: max-min channel spread above which a pixel shows an object colour (backgrounds are neutral tones)
+OBJECT_SPREAD = 80
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def fit_tokenizer(args: argparse.Namespace) -> PatchTokenizer:
+    """k-means codebook over the patches of ``--tokenizer-images`` random scenes."""
+    rng = np.random.default_rng([args.seed, 1])
+    images = render_batch([sample_spec(rng) for _ in range(args.tokenizer_images)], rng)
+    tokenizer = PatchTokenizer.fit(images, vocab_size=args.codebook, iters=30, seed=args.seed)
+    tokenizer.save(args.out / "tokenizer.safetensors")
+    print(f"[tokenizer] {args.codebook} codes from {args.tokenizer_images} images", flush=True)
+    return tokenizer
+
+
+def lm_batch(specs: list, images: np.ndarray, tokenizer: PatchTokenizer, dropout: float,
+             rng: np.random.Generator) -> torch.Tensor:
+    """Token ids ``[B, PROMPT_LEN + 256]``; a ``dropout`` fraction of captions become the null caption."""
+    prompts = torch.stack([encode_caption(None if rng.random() < dropout else s.caption()) for s in specs])
+    return torch.cat([prompts, tokenizer.encode(images) + N_TEXT], dim=1)
+
+
+def object_weights(images: np.ndarray, weight: float) -> torch.Tensor:
+    """``[B, 256]`` loss weights: ``weight`` for patches showing an object (a saturated colour), else 1.
+
+    The weight depends on the *target* token, so it tilts the fitted distribution towards object
+    codes by up to ``weight``: it speeds up learning the caption-dependent tokens (phase 2 of the
+    recipe) but over-generates objects, which the final unweighted phase (``weight = 1``) undoes.
+    """
+    pixels = torch.as_tensor(images).float().reshape(len(images), 16, 2, 16, 2, 3)
+    spread = (pixels.amax(-1) - pixels.amin(-1)).amax(dim=(2, 4)).reshape(len(images), -1)
+    return torch.where(spread > OBJECT_SPREAD, weight, 1.0)
+
+
+def image_loss(model: torch.nn.Module, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Weighted cross-entropy of the 256 image tokens, over the image-code columns only (as the adapter samples)."""
+    hidden = model.model(input_ids=ids[:, :-1]).last_hidden_state[:, PROMPT_LEN - 1:]
+    logits = model.lm_head(hidden)[..., N_TEXT:]
+    nll = F.cross_entropy(logits.transpose(1, 2), ids[:, PROMPT_LEN:] - N_TEXT, reduction="none")
+    return (nll * weights).sum() / weights.sum()
+
+
+#: the shipped recipe, ``steps:lr:object_weight`` per phase; each phase continues the previous one
+DEFAULT_PHASES = "1100:2e-3:1,2200:1.5e-3:5,2400:1e-3:1,1200:8e-4:1"
+
+
+def lm_phases(args: argparse.Namespace) -> list[tuple[int, float, float]]:
+    """``--steps`` (with ``--lr``, ``--object-weight``) gives one phase; otherwise ``--phases``."""
+    if args.steps is not None:
+        return [(args.steps, args.lr, args.object_weight)]
+    return [(int(st), float(lr), float(w)) for st, lr, w in (ph.split(":") for ph in args.phases.split(","))]
+
+
+def train_phase(model: torch.nn.Module, args: argparse.Namespace, tokenizer: PatchTokenizer, phase: int,
+                steps: int, lr: float, object_weight: float, log: TextIO) -> None:
+    """AdamW, linear warm-up then cosine decay, on fresh scenes (a new data stream per phase)."""
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.05)
+    warmup = max(1, steps // 20)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min((s + 1) / warmup, 0.5 * (1 + math.cos(math.pi * min(s / steps, 1.0))) * 0.95 + 0.05)
+    )
+    rng = np.random.default_rng([args.seed, 2, phase])
+    stream = training_stream(args.seed + phase - 1, args.batch)
+    writer = csv.writer(log)
+    start, smooth = time.time(), None
+    for step in range(1, steps + 1):
+        specs, images = next(stream)
+        ids = lm_batch(specs, images, tokenizer, args.caption_dropout, rng)
+        loss = image_loss(model, ids, object_weights(images, object_weight))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        smooth = loss.item() if smooth is None else 0.95 * smooth + 0.05 * loss.item()
+        if step % args.log_every == 0 or step == steps:
+            elapsed = time.time() - start
+            writer.writerow([phase, step, f"{loss.item():.4f}", f"{smooth:.4f}", f"{sched.get_last_lr()[0]:.2e}",
+                             f"{elapsed:.0f}"])
+            log.flush()
+            print(f"[lm] phase {phase} step {step}/{steps} loss {loss.item():.4f} (ema {smooth:.4f}) "
+                  f"{elapsed / step:.2f}s/step", flush=True)
+
+
+def train_lm(args: argparse.Namespace, tokenizer: PatchTokenizer) -> None:
+    """Train (or, with ``--init-lm``, continue) the LM through its phases; log to results/toy_training_log.csv."""
+    from transformers import LlamaForCausalLM
+
+    seed_everything(args.seed)
+    if args.init_lm:
+        model = LlamaForCausalLM.from_pretrained(str(args.init_lm))
+    else:
+        model = LlamaForCausalLM(toy_lm_config(tokenizer.vocab_size, args.hidden, args.layers, args.heads))
+    print(f"[lm] {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, batch {args.batch}", flush=True)
+    log_path = args.log
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    # continuing a checkpoint appends its phases to the existing log
+    first = int(log_path.read_text().strip().splitlines()[-1].split(",")[0]) + 1 if args.init_lm else 1
+    start = time.time()
+    with open(log_path, "a" if args.init_lm else "w", newline="") as log:
+        if not args.init_lm:
+            csv.writer(log).writerow(["phase", "step", "loss", "loss_ema", "lr", "elapsed_s"])
+        for phase, (steps, lr, weight) in enumerate(lm_phases(args), start=first):
+            train_phase(model, args, tokenizer, phase, steps, lr, weight, log)
+    model.save_pretrained(args.out / "lm")
+    print(f"[lm] saved to {args.out / 'lm'} after {time.time() - start:.0f}s", flush=True)
+
+
+def train_clip(args: argparse.Namespace, tokenizer: PatchTokenizer) -> None:
+    """Contrastive training on tokenizer-reconstructed scenes (the look of generated images).
+
+    Captions repeat within a batch (the grammar is finite), so every pair with the same caption is a
+    positive: the targets are the row-normalised caption-equality matrix.
+    """
+    import open_clip
+    from safetensors.torch import save_file
+
+    from csd.toy.clip import CLIP_NAME, WEIGHTS_FILE, image_tensor, register_toy_clip, retrieval_accuracy
+
+    seed_everything(args.seed)
+    register_toy_clip()
+    model = open_clip.create_model(CLIP_NAME)
+    clip_tokenizer = open_clip.get_tokenizer(CLIP_NAME)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.clip_lr, weight_decay=0.05)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, args.clip_lr, total_steps=args.clip_steps, pct_start=0.1)
+    stream = training_stream(args.seed + 1, args.clip_batch)
+    start = time.time()
+    for step in range(1, args.clip_steps + 1):
+        specs, images = next(stream)
+        captions = [s.caption() for s in specs]
+        img = model.encode_image(image_tensor(tokenizer.decode(tokenizer.encode(images))), normalize=True)
+        txt = model.encode_text(clip_tokenizer(captions), normalize=True)
+        logits = model.logit_scale.exp() * img @ txt.T
+        same = torch.tensor([[a == b for b in captions] for a in captions], dtype=torch.float32)
+        targets = same / same.sum(-1, keepdim=True)
+        loss = 0.5 * (F.cross_entropy(logits, targets) + F.cross_entropy(logits.T, targets))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        sched.step()
+        with torch.no_grad():
+            model.logit_scale.clamp_(0, math.log(100))
+        if step % args.log_every == 0 or step == args.clip_steps:
+            print(f"[clip] step {step}/{args.clip_steps} loss {loss.item():.4f} "
+                  f"{(time.time() - start) / step:.2f}s/step", flush=True)
+    model.eval()
+    state = {k: v.detach().half().contiguous() for k, v in model.state_dict().items()}
+    (args.out / "clip").mkdir(exist_ok=True)
+    save_file(state, str(args.out / "clip" / WEIGHTS_FILE.name))
+    from csd.toy.domain import heldout_prompts, heldout_scene
+
+    prompts = heldout_prompts(256)
+    images = tokenizer.decode(tokenizer.encode(np.stack([heldout_scene(p)[0] for p in prompts]))).numpy()
+    accs = [retrieval_accuracy(model, clip_tokenizer, images[i:i + 64], [p.text for p in prompts[i:i + 64]])
+            for i in range(0, 256, 64)]
+    print(f"[clip] saved; held-out image->text top-1 among 64: {np.mean(accs):.3f} (per block {accs})", flush=True)
+
+
+@torch.no_grad()
+def sample_ar(lm: torch.nn.Module, captions: list[str], guidance: float, seed: int,
+              temperature: float = 1.0) -> torch.Tensor:
+    """Plain AR sampling of codes ``[B, 256]``: softmax of the CFG-combined image-code logits, multinomial.
+
+    A batched stand-in for the engine's AR mode (``l = l_u + s (l_c - l_u)``, no top-k).
+    """
+    from transformers import DynamicCache
+
+    gen = torch.Generator().manual_seed(seed)
+    cfg = guidance != 1.0
+    ids = torch.stack([encode_caption(c) for c in captions])
+    if cfg:
+        ids = torch.cat([ids, encode_caption(None).expand_as(ids)])
+    cache = DynamicCache(config=lm.config)
+    hidden = lm.model(input_ids=ids, cache=cache, use_cache=True).last_hidden_state[:, -1]
+    codes = []
+    for _ in range(IMAGE_TOKENS):
+        logits = lm.lm_head(hidden)[:, N_TEXT:]
+        if cfg:
+            cond, uncond = logits.chunk(2)
+            logits = uncond + guidance * (cond - uncond)
+        code = torch.multinomial(torch.softmax(logits / temperature, -1), 1, generator=gen)
+        codes.append(code)
+        step = code + N_TEXT
+        hidden = lm.model(input_ids=torch.cat([step, step]) if cfg else step, cache=cache,
+                          use_cache=True).last_hidden_state[:, -1]
+    return torch.cat(codes, dim=1)
+
+
+def pass_rate(images: np.ndarray, prompts: list) -> float:
+    from csd.toy.checker import check_image
+
+    return float(np.mean([check_image(im, p.meta)["overall"] for im, p in zip(images, prompts, strict=True)]))
+
+
+def save_grid(images: np.ndarray, captions: list[str], path: Path, scale: int = 4) -> None:
+    """Rows = prompts (caption at the left), columns = seeds; ``images`` is ``[rows, cols, 32, 32, 3]``."""
+    from PIL import Image, ImageDraw
+
+    rows, cols = images.shape[:2]
+    cell, text_w = 32 * scale + 4, 390
+    canvas = Image.new("RGB", (text_w + cols * cell, rows * cell), "white")
+    draw = ImageDraw.Draw(canvas)
+    for r in range(rows):
+        draw.text((4, r * cell + cell // 2 - 6), captions[r], fill="black")
+        for c in range(cols):
+            tile = Image.fromarray(images[r, c]).resize((32 * scale, 32 * scale), Image.NEAREST)
+            canvas.paste(tile, (text_w + c * cell + 2, r * cell + 2))
+    path.parent.mkdir(exist_ok=True)
+    canvas.save(path)
+
+
+def evaluate(args: argparse.Namespace, tokenizer: PatchTokenizer) -> None:
+    """Checker sanity (real / reconstructed / random tokens), guidance sweep, AR pass rate, sample grid."""
+    from csd.toy.clip import clip_scores, load_toy_clip
+    from csd.toy.domain import heldout_prompts, heldout_scene
+    from csd.toy.model import load_toy_lm
+
+    metrics: dict = {}
+    prompts = heldout_prompts(args.eval_prompts)
+    real = np.stack([heldout_scene(p)[0] for p in heldout_prompts(256)])
+    recon = tokenizer.decode(tokenizer.encode(real)).numpy()
+    noise = tokenizer.decode(torch.randint(0, tokenizer.vocab_size, (256, IMAGE_TOKENS),
+                                           generator=torch.Generator().manual_seed(args.seed))).numpy()
+    for name, images in (("real", real), ("reconstructed", recon), ("random_tokens", noise)):
+        metrics[f"checker_{name}"] = pass_rate(images, heldout_prompts(256))
+    print(f"[eval] checker pass rate: {metrics}", flush=True)
+
+    lm = load_toy_lm(args.out / "lm")
+    captions = [p.text for p in prompts]
+    sweep = {}
+    for g in args.guidance_sweep:
+        sweep[g] = pass_rate(tokenizer.decode(sample_ar(lm, captions, g, seed=0)).numpy(), prompts)
+        print(f"[eval] guidance {g}: AR pass rate {sweep[g]:.3f}", flush=True)
+    metrics["guidance_sweep_seed0"] = sweep
+    guidance = args.guidance if args.guidance is not None else max(sweep, key=sweep.get)
+    per_seed, samples = [], []
+    for seed in range(args.eval_seeds):
+        images = tokenizer.decode(sample_ar(lm, captions, guidance, seed=1000 + seed)).numpy()
+        samples.append(images)
+        per_seed.append(pass_rate(images, prompts))
+    samples_arr = np.stack(samples, axis=1)  # [prompts, seeds, 32, 32, 3]
+    distinct = np.mean([len({s.tobytes() for s in samples_arr[i]}) == args.eval_seeds for i in range(len(prompts))])
+    clip_model, _, clip_tok = load_toy_clip()
+    matched = clip_scores(clip_model, clip_tok, samples_arr[:, 0], captions).mean().item()
+    shuffled = clip_scores(clip_model, clip_tok, samples_arr[:, 0], captions[1:] + captions[:1]).mean().item()
+    metrics.update({
+        "guidance": guidance, "ar_pass_rate_per_seed": per_seed, "ar_pass_rate": float(np.mean(per_seed)),
+        "prompts_with_all_seeds_distinct": float(distinct), "clip_score_matched": matched,
+        "clip_score_shuffled": shuffled, "eval_prompts": len(prompts),
+    })
+    print(f"[eval] guidance {guidance}: AR pass rate {np.mean(per_seed):.3f} per seed {per_seed}; "
+          f"all-seeds-distinct {distinct:.2f}; CLIP score {matched:.1f} (shuffled {shuffled:.1f})", flush=True)
+    save_grid(samples_arr[:8], captions[:8], REPO / "results" / "toy_samples_ar.png")
+    (args.out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--stages", nargs="+", default=["tokenizer", "lm", "clip", "eval"],
+                   choices=["tokenizer", "lm", "clip", "eval"])
+    p.add_argument("--out", type=Path, default=ASSETS)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--log", type=Path, default=REPO / "results" / "toy_training_log.csv", help="LM loss log (CSV)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--codebook", type=int, default=256)
+    p.add_argument("--tokenizer-images", type=int, default=3000)
+    p.add_argument("--hidden", type=int, default=128)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--heads", type=int, default=2)
+    p.add_argument("--phases", default=DEFAULT_PHASES, help="LM phases, steps:lr:object_weight,...")
+    p.add_argument("--steps", type=int, default=None, help="run a single LM phase of this many steps instead")
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--lr", type=float, default=2e-3, help="learning rate of the --steps phase")
+    p.add_argument("--object-weight", type=float, default=1.0, help="object-token loss weight of the --steps phase")
+    p.add_argument("--init-lm", type=Path, default=None,
+                   help="continue training this checkpoint (phase 2; the log is appended to)")
+    p.add_argument("--caption-dropout", type=float, default=0.1)
+    p.add_argument("--clip-steps", type=int, default=500)
+    p.add_argument("--clip-batch", type=int, default=96)
+    p.add_argument("--clip-lr", type=float, default=2e-3)
+    p.add_argument("--eval-prompts", type=int, default=64)
+    p.add_argument("--eval-seeds", type=int, default=4)
+    p.add_argument("--guidance", type=float, default=None, help="default: the best of --guidance-sweep")
+    p.add_argument("--guidance-sweep", type=float, nargs="*", default=[1.0, 1.5, 2.0, 3.0, 5.0])
+    p.add_argument("--log-every", type=int, default=10)
+    return p.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    torch.set_num_threads(args.threads)
+    args.out.mkdir(parents=True, exist_ok=True)
+    tokenizer = fit_tokenizer(args) if "tokenizer" in args.stages else PatchTokenizer.load(
+        args.out / "tokenizer.safetensors")
+    if "lm" in args.stages:
+        train_lm(args, tokenizer)
+    if "clip" in args.stages:
+        train_clip(args, tokenizer)
+    if "eval" in args.stages:
+        evaluate(args, tokenizer)
+
+
+if __name__ == "__main__":
+    main()
