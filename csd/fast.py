@@ -168,3 +168,23 @@ class StaticDecoder:
             raise ValueError(f"cannot roll back {n} of {self.length} cache entries")
         rollback_static_cache(self.cache, n)
         self.length -= n
+
+
+def make_static_decoder(
+    run: Callable[[torch.Tensor, StaticCache], torch.Tensor],
+    config: PretrainedConfig,
+    body_len: int,
+    cache: str = "dynamic",
+    compile: bool = False,
+    max_cache_len: int | None = None,
+    compile_backend: str = "inductor",
+) -> StaticDecoder | None:
+    """An adapter's cache choice: ``None`` for the eager ``DynamicCache`` path, else a :class:`StaticDecoder`
+    (compiled when ``compile``)."""
+    if cache not in ("dynamic", "static"):
+        raise ValueError(f"cache must be 'dynamic' or 'static', got {cache!r}")
+    if compile and cache != "static":
+        raise ValueError("compile=True needs cache='static'")
+    if cache == "dynamic":
+        return None
+    return StaticDecoder(run, config, body_len, max_cache_len, compile_backend if compile else None)

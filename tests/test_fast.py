@@ -138,3 +138,20 @@ def test_bench_latency_smoke(tmp_path):
         res["verify"]["csd_ms"] - res["verify"]["sjd_ms"]
     )
     assert (tmp_path / "janus_pro_tiny_cpu.md").read_text().startswith("## Latency")
+
+
+def test_toy_model_static_and_compiled_paths_are_token_identical():
+    """The shipped toy model on the fast path: same tokens as its eager DynamicCache path."""
+    from csd.adapters.toy import load_toy_adapter
+    from csd.toy.domain import toy_prompts
+
+    prompt = toy_prompts(1)[0].text
+    dynamic = load_toy_adapter()
+    fast = {
+        "static": load_toy_adapter(cache="static"),
+        "compiled": load_toy_adapter(cache="static", compile=True, compile_backend="aot_eager"),
+    }
+    for rule, window in ((SJD(), 1), (CSD(lam=0.5, delta=0.9), 8)):
+        ref = decode(dynamic, rule, window, False, prompt, 0)
+        for path, adapter in fast.items():
+            assert torch.equal(decode(adapter, rule, window, True, prompt, 0).tokens, ref.tokens), path

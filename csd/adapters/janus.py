@@ -28,7 +28,7 @@ from csd.adapters.base import (
     resolve_dtype,
     to_uint8,
 )
-from csd.fast import StaticDecoder
+from csd.fast import make_static_decoder
 
 PromptEncoder = Callable[[str], torch.Tensor]
 
@@ -47,10 +47,6 @@ class JanusAdapter(ModelAdapter):
         max_cache_len: int | None = None,
         compile_backend: str = "inductor",
     ) -> None:
-        if cache not in ("dynamic", "static"):
-            raise ValueError(f"cache must be 'dynamic' or 'static', got {cache!r}")
-        if compile and cache != "static":
-            raise ValueError("compile=True needs cache='static'")
         self.model = model.eval()
         self.encode = encode
         self.bos_id, self.pad_id, self.boi_id = special_ids
@@ -61,11 +57,9 @@ class JanusAdapter(ModelAdapter):
         self.image_token_ids = torch.arange(self.vocab_size)
         side = int(round(model.config.vision_config.num_image_tokens**0.5))
         self.layout = BodyLayout.raster(side, side)
-        self.static: StaticDecoder | None = None
-        if cache == "static":
-            backend = compile_backend if compile else None
-            config = model.config.text_config
-            self.static = StaticDecoder(self.decode_step, config, self.layout.length, max_cache_len, backend)
+        self.static = make_static_decoder(
+            self.decode_step, model.config.text_config, self.layout.length, cache, compile, max_cache_len, compile_backend
+        )
 
     def decode_step(self, embeds: torch.Tensor, cache: Cache) -> torch.Tensor:
         """Language model + image head: ``[rows, q, D]`` embeddings -> ``[rows, q, vocab_size]`` logits."""

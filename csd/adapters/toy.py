@@ -8,9 +8,10 @@ are patch codes ``0 .. V-1``; LM id = ``N_TEXT + code``.
 from __future__ import annotations
 
 import torch
-from transformers import DynamicCache, LlamaForCausalLM
+from transformers import Cache, DynamicCache, LlamaForCausalLM
 
 from csd.adapters.base import BodyLayout, DecodeContext, MissingWeightsError, ModelAdapter, SamplingConfig
+from csd.fast import make_static_decoder
 from csd.toy import LM_DIR, TOKENIZER_FILE
 from csd.toy.model import load_toy_lm
 from csd.toy.tokenizer import GRID, PatchTokenizer
@@ -25,7 +26,8 @@ class ToyAdapter(ModelAdapter):
     """Drives the toy LM token by token with a ``DynamicCache``; rows are ``[cond, uncond]`` under CFG."""
 
     def __init__(self, lm: LlamaForCausalLM, tokenizer: PatchTokenizer, sampling: SamplingConfig,
-                 device: str | torch.device = "cpu") -> None:
+                 device: str | torch.device = "cpu", cache: str = "dynamic", compile: bool = False,
+                 max_cache_len: int | None = None, compile_backend: str = "inductor") -> None:
         self.device = torch.device(device)
         self.lm = lm.to(self.device).eval()
         self.tokenizer = tokenizer
@@ -33,12 +35,23 @@ class ToyAdapter(ModelAdapter):
         self.vocab_size = tokenizer.vocab_size
         self.image_token_ids = torch.arange(self.vocab_size)
         self.layout = BodyLayout.raster(GRID, GRID)
+        self.static = make_static_decoder(
+            self.decode_step, self.lm.config, self.layout.length, cache, compile, max_cache_len, compile_backend
+        )
+
+    def decode_step(self, ids: torch.Tensor, cache: Cache) -> torch.Tensor:
+        """LM + the image-code columns of its head: ``[rows, q]`` ids -> ``[rows, q, vocab_size]`` logits."""
+        hidden = self.lm.model(input_ids=ids, cache=cache, use_cache=True).last_hidden_state
+        return self.lm.lm_head(hidden)[..., N_TEXT:N_TEXT + self.vocab_size]
 
     def prefill(self, prompt: str) -> DecodeContext:
         rows = [encode_caption(prompt)]
         if self.uses_cfg:
             rows.append(encode_caption(None))
         ids = torch.stack(rows).to(self.device)
+        if self.static is not None:
+            self.static.prefill(ids[:, :-1])
+            return DecodeContext(cache=self.static, prompt_tail=ids[:, -1:])
         cache = DynamicCache(config=self.lm.config)
         with torch.no_grad():
             self.lm.model(input_ids=ids[:, :-1], cache=cache, use_cache=True)
@@ -49,12 +62,15 @@ class ToyAdapter(ModelAdapter):
         window = (ids.to(self.device).long() + N_TEXT).view(1, -1).expand(rows, -1)
         if with_prompt_tail:
             window = torch.cat([ctx.prompt_tail, window], dim=1)
+        if self.static is not None:
+            return self.static.step(window)
         with torch.no_grad():
-            hidden = self.lm.model(input_ids=window, cache=ctx.cache, use_cache=True).last_hidden_state
-            return self.lm.lm_head(hidden)[..., N_TEXT:N_TEXT + self.vocab_size]
+            return self.decode_step(window, ctx.cache)
 
     def rollback(self, ctx: DecodeContext, n: int) -> None:
-        if n > 0:
+        if self.static is not None:
+            self.static.rollback(n)
+        elif n > 0:
             ctx.cache.crop(-n)
 
     def decode_images(self, ids: torch.Tensor) -> torch.Tensor:
@@ -71,8 +87,10 @@ class ToyAdapter(ModelAdapter):
 
 
 def load_toy_adapter(guidance_scale: float = DEFAULT_GUIDANCE, top_k: int | None = 0, temperature: float = 1.0,
-                     device: str = "cpu", dtype: str = "float32") -> ToyAdapter:
-    """The shipped toy model (``csd/toy/assets``) behind the :class:`ModelAdapter` interface (``top_k`` 0 or None: no top-k)."""
+                     device: str = "cpu", dtype: str = "float32", cache: str = "dynamic", compile: bool = False,
+                     max_cache_len: int | None = None, compile_backend: str = "inductor") -> ToyAdapter:
+    """The shipped toy model (``csd/toy/assets``) behind the :class:`ModelAdapter` interface (``top_k`` 0 or None:
+    no top-k; ``cache="static"`` / ``compile``: the fast path of :mod:`csd.fast`)."""
     missing = [p for p in (TOKENIZER_FILE, LM_DIR / "config.json", LM_DIR / "model.safetensors") if not p.exists()]
     if missing:
         raise MissingWeightsError(
@@ -81,4 +99,5 @@ def load_toy_adapter(guidance_scale: float = DEFAULT_GUIDANCE, top_k: int | None
         )
     lm = load_toy_lm(LM_DIR, dtype=getattr(torch, dtype))
     sampling = SamplingConfig(guidance_scale=guidance_scale, top_k=top_k or 0, temperature=temperature)
-    return ToyAdapter(lm, PatchTokenizer.load(TOKENIZER_FILE), sampling, device)
+    return ToyAdapter(lm, PatchTokenizer.load(TOKENIZER_FILE), sampling, device, cache, compile, max_cache_len,
+                      compile_backend)
