@@ -39,7 +39,10 @@ def run_stages(cfg: DictConfig) -> None:
             from csd.report import build_report
 
             target = Path(cfg.sweep_dir) if cfg.stage == "report" and cfg.sweep_dir else run_dir
-            print(f"report: {build_report(target, cfg)}")
+            report = build_report(target, cfg)
+            for table in sorted(report.glob("table_*.md")):
+                print(table.read_text())
+            print(f"report: {report}")
     except (ConfigError, MissingWeightsError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         raise SystemExit(2) from None

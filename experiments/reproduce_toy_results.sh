@@ -6,5 +6,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1
 python run.py experiment=toy_paper logger=disabled hydra.sweep.dir=results/toy_paper
-python run.py experiment=ablation_lambda_delta model=toy dataset=toy device=cpu logger=disabled \
+python run.py experiment=ablation_lambda_delta model=toy dataset=toy dataset.n_prompts=16 device=cpu logger=disabled \
   'eval.report.extra_runs=[results/toy_paper/0_ar]' hydra.sweep.dir=results/ablation_lambda_delta
