@@ -60,11 +60,19 @@ class BodyLayout:
         return int(self.forced_ids.numel())
 
     @classmethod
+    def from_forced(cls, forced_ids: torch.Tensor, grid: tuple[int, int], jacobi_tail: int = 0) -> BodyLayout:
+        """The free positions (``forced_ids < 0``) fill the ``grid`` in raster order."""
+        free = forced_ids < 0
+        rows = torch.full_like(forced_ids, -1)
+        cols = torch.full_like(forced_ids, -1)
+        cells = torch.arange(grid[0] * grid[1])
+        rows[free], cols[free] = cells // grid[1], cells % grid[1]
+        return cls(forced_ids, rows, cols, grid, jacobi_tail)
+
+    @classmethod
     def raster(cls, height: int, width: int) -> BodyLayout:
         """A plain raster grid without structural tokens (Janus, the toy model)."""
-        n = height * width
-        idx = torch.arange(n)
-        return cls(torch.full((n,), -1, dtype=torch.long), idx // width, idx % width, (height, width))
+        return cls.from_forced(torch.full((height * width,), -1, dtype=torch.long), (height, width))
 
 
 @dataclass

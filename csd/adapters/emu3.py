@@ -37,12 +37,7 @@ NEGATIVE_PROMPT = (
 def emu3_layout(rows: int, cols: int, eol: int, end_ids: tuple[int, ...], jacobi_tail: int) -> BodyLayout:
     """``rows`` x (``cols`` free + EOL), then the forced ``end_ids``."""
     forced = torch.tensor(([-1] * cols + [eol]) * rows + list(end_ids), dtype=torch.long)
-    free = forced < 0
-    grid_r = torch.full_like(forced, -1)
-    grid_c = torch.full_like(forced, -1)
-    cells = torch.arange(rows * cols)
-    grid_r[free], grid_c[free] = cells // cols, cells % cols
-    return BodyLayout(forced, grid_r, grid_c, (rows, cols), jacobi_tail)
+    return BodyLayout.from_forced(forced, (rows, cols), jacobi_tail)
 
 
 class Emu3Adapter(PaddedCFGAdapter):

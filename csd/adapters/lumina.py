@@ -155,12 +155,7 @@ def lumina_layout(rows: int, cols: int, tokens: ChameleonTokens, jacobi_tail: in
     header = [tokens.image_start, tokens.grid_base + rows // LUMINA_PATCH_TOKENS, tokens.grid_base + cols // LUMINA_PATCH_TOKENS]
     row = [-1] * cols + [tokens.eol]
     forced = torch.tensor(header + row * rows + [tokens.image_end], dtype=torch.long)
-    free = forced < 0
-    grid_r = torch.full_like(forced, -1)
-    grid_c = torch.full_like(forced, -1)
-    cells = torch.arange(rows * cols)
-    grid_r[free], grid_c[free] = cells // cols, cells % cols
-    return BodyLayout(forced, grid_r, grid_c, (rows, cols), jacobi_tail)
+    return BodyLayout.from_forced(forced, (rows, cols), jacobi_tail)
 
 
 class LuminaAdapter(PaddedCFGAdapter):
