@@ -111,3 +111,24 @@ def test_engine_rejects_bad_settings(adapter):
         JacobiEngine(adapter, SJD(), window=0)
     with pytest.raises(ValueError, match="init"):
         JacobiEngine(adapter, SJD(), init="zeros")
+
+
+@pytest.mark.parametrize(
+    "rule", [SJD(), CSD(lam=0.5, delta=0.9), Amplify(k=3.0), GSD(), Lantern(k=8, delta=0.2)], ids=lambda r: r.name
+)
+def test_one_host_sync_per_iteration(adapter, rule, monkeypatch):
+    """Reading a device value on the host (``item``, ``int``, ``bool``, ``tolist``, ...) happens once per
+    iteration (the number of committed tokens), plus one read of the counters after the loop."""
+    engine = JacobiEngine(adapter, rule, window=5)
+    calls = []
+    for name in ("item", "__int__", "__bool__", "__float__", "__index__", "tolist"):
+        original = getattr(torch.Tensor, name)
+
+        def counted(self, *args, _original=original, _name=name, **kwargs):
+            calls.append(_name)
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    gen = engine.generate(PROMPT, seed=0)
+    monkeypatch.undo()
+    assert len(calls) == gen.nfe + 1, calls
