@@ -15,6 +15,7 @@ from tqdm import tqdm
 
 from csd.config import build_adapter, build_rule, load_prompts, method_params, resolve_device, validate
 from csd.engine import Generation, JacobiEngine, synchronize
+from csd.prompts import Prompt
 from csd.records import ImageRecord, RecordWriter, image_name
 
 log = logging.getLogger(__name__)
@@ -25,12 +26,12 @@ def image_seed(base: int, prompt_index: int, sample: int) -> int:
     return (base * 1_000_003 + prompt_index * 1_009 + sample) % (2**62)
 
 
-def write_run_info(run_dir: Path, cfg: DictConfig, model_info: dict, n_images: int) -> None:
+def write_run_info(run_dir: Path, cfg: DictConfig, params: dict, model_info: dict, n_images: int) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     info = {
         "method": cfg.method.name,
-        "method_params": method_params(cfg.method),
+        "method_params": params,
         "model": cfg.model.name,
         "model_info": model_info,
         "dataset": cfg.dataset.name,
@@ -41,14 +42,16 @@ def write_run_info(run_dir: Path, cfg: DictConfig, model_info: dict, n_images: i
     (run_dir / "run.json").write_text(json.dumps(info, indent=2))
 
 
-def make_record(cfg: DictConfig, prompt, index: int, sample: int, gen: Generation, vq_decode_s: float, grid) -> ImageRecord:
+def make_record(
+    cfg: DictConfig, params: dict, prompt: Prompt, index: int, sample: int, gen: Generation, vq_decode_s: float, grid
+) -> ImageRecord:
     return ImageRecord(
         prompt_id=prompt.prompt_id,
         prompt=prompt.text,
         sample=sample,
         seed=image_seed(cfg.seed, index, sample),
         method=cfg.method.name,
-        method_params=method_params(cfg.method),
+        method_params=params,
         model=cfg.model.name,
         image=image_name(prompt.prompt_id, sample),
         tokens=gen.tokens.tolist(),
@@ -73,6 +76,7 @@ def generate_run(cfg: DictConfig) -> Path:
     validate(cfg)
     prompts = load_prompts(cfg.dataset)
     rule = build_rule(cfg.method)
+    params = method_params(cfg.method)
     run_dir = Path(cfg.run_dir)
     writer = RecordWriter(run_dir)
     todo = [
@@ -87,7 +91,7 @@ def generate_run(cfg: DictConfig) -> Path:
         return run_dir
     device = resolve_device(cfg.device)
     adapter = build_adapter(cfg.model, device, cfg.engine)
-    write_run_info(run_dir, cfg, adapter.describe(), n_images)
+    write_run_info(run_dir, cfg, params, adapter.describe(), n_images)
     engine = JacobiEngine(adapter, rule, window=cfg.method.window, init=cfg.method.init, pad_window=cfg.engine.compile)
     for _ in range(cfg.engine.warmup):  # compile / allocator warm-up, not recorded
         engine.generate(todo[0][1].text, seed=0)
@@ -100,5 +104,5 @@ def generate_run(cfg: DictConfig) -> Path:
         image = adapter.decode_images(gen.tokens.unsqueeze(0))[0].numpy()
         synchronize(device)
         vq_s = time.perf_counter() - start
-        writer.write(make_record(cfg, prompt, index, sample, gen, vq_s, adapter.layout.grid), image)
+        writer.write(make_record(cfg, params, prompt, index, sample, gen, vq_s, adapter.layout.grid), image)
     return run_dir
