@@ -38,7 +38,7 @@ class Decoder:
         self.overrides = overrides
         self.adapter = adapter or build_adapter(self.cfg.model, resolve_device(self.cfg.device))
         m = self.cfg.method
-        self.engine = JacobiEngine(self.adapter, build_rule(m), window=m.window, init=m.init)
+        self.engine = JacobiEngine(self.adapter, build_rule(m), window=m.window, init=m.init, coupling=m.coupling)
 
     def generate(self, prompt: str, seed: int = 0) -> tuple[np.ndarray, Generation]:
         gen = self.engine.generate(prompt, seed)

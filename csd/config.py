@@ -13,14 +13,14 @@ from omegaconf import DictConfig, OmegaConf
 
 from csd.acceptance import ENTROPY_NORMS, AcceptanceRule
 from csd.adapters.base import ModelAdapter
-from csd.engine import INIT_SCHEMES
+from csd.engine import COUPLINGS, INIT_SCHEMES
 from csd.prompts import Prompt
 
 log = logging.getLogger(__name__)
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 STAGES = ("generate", "evaluate", "report", "all")
 #: method keys that are not hyper-parameters of the acceptance rule
-ENGINE_KEYS = ("name", "_target_", "window", "init")
+ENGINE_KEYS = ("name", "_target_", "window", "init", "coupling")
 
 
 class ConfigError(ValueError):
@@ -59,6 +59,7 @@ def validate(cfg: DictConfig) -> None:
     _check(isinstance(m.window, int) and m.window >= 1, f"method.window={m.window!r} must be an integer >= 1")
     _check(m.name != "ar" or m.window == 1, f"method=ar needs method.window=1, got {m.window}")
     _check(m.init in INIT_SCHEMES, f"method.init={m.init!r}: choose one of {list(INIT_SCHEMES)}")
+    _check(m.coupling in COUPLINGS, f"method.coupling={m.coupling!r}: choose one of {list(COUPLINGS)}")
     if m.get("lam") is not None:
         _check(m.lam >= 0, f"method.lam={m.lam} must be >= 0")
     if m.get("delta") is not None:
@@ -130,4 +131,4 @@ def load_prompts(dataset: DictConfig) -> list[Prompt]:
 
 def method_params(method: DictConfig) -> dict[str, Any]:
     """What a run records about its method: engine settings plus the rule's own hyper-parameters."""
-    return {"window": method.window, "init": method.init, **build_rule(method).params()}
+    return {"window": method.window, "init": method.init, "coupling": method.coupling, **build_rule(method).params()}

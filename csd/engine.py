@@ -26,9 +26,10 @@ from csd.acceptance import AcceptanceRule, entropy
 from csd.adapters.base import ModelAdapter
 from csd.processors import TargetPipeline
 from csd.records import COMMIT_ACCEPTED, COMMIT_FORCED, COMMIT_RELAXED, COMMIT_SAMPLED
-from csd.verify import verify_window
+from csd.verify import couple_drafts, verify_window
 
 INIT_SCHEMES = ("random", "repeat_left")
+COUPLINGS = ("none", "maximal")
 STAT_KEYS = ("drafts_proposed", "drafts_verified", "drafts_accepted", "relaxed_accepts", "filter_checks", "filter_passes")
 
 
@@ -65,12 +66,17 @@ class JacobiEngine:
         window: int = 16,
         init: str = "random",
         pad_window: bool = False,
+        coupling: str = "none",
     ) -> None:
         if window < 1:
             raise ValueError(f"window must be >= 1, got {window}")
         if init not in INIT_SCHEMES:
             raise ValueError(f"init must be one of {INIT_SCHEMES}, got {init!r}")
+        if coupling not in COUPLINGS:
+            raise ValueError(f"coupling must be one of {COUPLINGS}, got {coupling!r}")
         self.adapter, self.rule, self.window, self.init = adapter, rule, window, init
+        # MC-SJD: refreshed drafts are old drafts maximally coupled with their new targets (recorded p = new q)
+        self.coupling = coupling
         # compiled path: every multi-token forward has exactly `window` rows (two step shapes in all)
         self.pad_window = pad_window
         self.pipeline = TargetPipeline.build(adapter.sampling, adapter.raw_image_columns)
@@ -158,10 +164,14 @@ class JacobiEngine:
             commit_kind[span] = torch.where(within, kind, commit_kind[span])
             ent_map[span] = torch.where(within, target_ent, ent_map[span])
             stats += self._iteration_stats(result, n, n_drafts)
+            refreshed = samples[0]
+            if self.coupling == "maximal" and n_drafts:
+                coupled = couple_drafts(target[:-1], drafts, draft_probs, gen)
+                refreshed = torch.cat([coupled, samples[0, -1:]])
 
             m = int(m_dev)  # the one host synchronisation of the iteration
             adapter.rollback(ctx, fed - m)
-            carried, carried_probs = samples[0, m:], target[m:]
+            carried, carried_probs = refreshed[m:], target[m:]
             n += m
             iteration += 1
         synchronize(device)

@@ -92,7 +92,8 @@ def generate_run(cfg: DictConfig) -> Path:
     device = resolve_device(cfg.device)
     adapter = build_adapter(cfg.model, device, cfg.engine)
     write_run_info(run_dir, cfg, params, adapter.describe(), n_images)
-    engine = JacobiEngine(adapter, rule, window=cfg.method.window, init=cfg.method.init, pad_window=cfg.engine.compile)
+    m = cfg.method
+    engine = JacobiEngine(adapter, rule, m.window, m.init, pad_window=cfg.engine.compile, coupling=m.coupling)
     for _ in range(cfg.engine.warmup):  # compile / allocator warm-up, not recorded
         engine.generate(todo[0][1].text, seed=0)
     if cfg.engine.compile and cfg.method.window > 1:  # trace q = 1 too (reached only in a final one-row window)

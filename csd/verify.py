@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from csd.acceptance import AcceptanceRule
+from csd.acceptance import AcceptanceRule, likelihood_ratio, lossless_residual
 
 
 def exponential_noise(shape: tuple[int, ...], generator: torch.Generator, device: torch.device) -> torch.Tensor:
@@ -108,3 +108,18 @@ def verify_window(
     filter_pass = None if verdict.filter_pass is None else verdict.filter_pass & verified & free
     result = WindowResult(n_accepted, committed, accepted & free, relaxed, verified & free, filter_pass)
     return result, samples
+
+
+def couple_drafts(
+    target_probs: torch.Tensor, drafts: torch.Tensor, draft_probs: torch.Tensor, generator: torch.Generator
+) -> torch.Tensor:
+    """Maximal coupling of each old draft with its new target (MC-SJD's refresh, ALGORITHMS.md "Drafting variants").
+
+    Keep ``x`` with probability ``min(1, q(x)/p(x))``, else draw from ``norm([q - p]_+)``: the result is
+    distributed as ``q`` and equals the old draft as often as possible. Shapes ``[..., V]`` / ``[...]``.
+    """
+    keep = torch.rand(drafts.shape, generator=generator, device=drafts.device) < likelihood_ratio(
+        target_probs, draft_probs, drafts
+    )
+    noise = exponential_noise(tuple(target_probs.shape), generator, target_probs.device)
+    return torch.where(keep, drafts, sample_race(lossless_residual(target_probs, draft_probs), noise))

@@ -33,7 +33,7 @@ def test_every_method_and_model_composes_and_validates(method, model):
     cfg = make_cfg(f"method={method}", f"model={model}")
     validate(cfg)
     assert cfg.method.name == method and cfg.model.name == model
-    for key in ("window", "init", "lam", "delta", "k", "c"):  # sweepable over every method
+    for key in ("window", "init", "coupling", "lam", "delta", "k", "c"):  # sweepable over every method
         assert key in cfg.method
 
 
@@ -51,6 +51,7 @@ def test_method_configs_build_their_rules():
         (["method.window=0"], "method.window=0"),
         (["method=ar", "method.window=4"], "method=ar needs method.window=1"),
         (["method.init=zeros"], "random"),
+        (["method.coupling=gumbel"], "maximal"),
         (["model.top_k=0"], "model.top_k=0 must be an integer >= 1"),
         (["model.guidance_scale=0"], "guidance_scale=0 must be > 0"),
         (["model.temperature=-1"], "temperature=-1"),
@@ -96,7 +97,9 @@ def test_generate_writes_records_and_resumes(tmp_path):
     records = load_records(tmp_path)
     assert [r["prompt_id"] for r in records] == ["smoke-000", "smoke-001"]
     rec = records[0]
-    assert rec["method_params"] == {"window": 16, "init": "random", "lam": 0.1, "delta": 0.5, "entropy_norm": "none"}
+    assert rec["method_params"] == {
+        "window": 16, "init": "random", "coupling": "none", "lam": 0.1, "delta": 0.5, "entropy_norm": "none"
+    }
     assert len(rec["tokens"]) == len(rec["commit_iter"]) == len(rec["commit_kind"]) == 64
     assert rec["step_compression"] == pytest.approx(64 / rec["nfe"])
     assert (tmp_path / rec["image"]).exists() and (tmp_path / "config.yaml").exists()

@@ -111,6 +111,8 @@ def test_engine_rejects_bad_settings(adapter):
         JacobiEngine(adapter, SJD(), window=0)
     with pytest.raises(ValueError, match="init"):
         JacobiEngine(adapter, SJD(), init="zeros")
+    with pytest.raises(ValueError, match="coupling"):
+        JacobiEngine(adapter, SJD(), coupling="gumbel")
 
 
 @pytest.mark.parametrize(

@@ -61,3 +61,11 @@ def test_sjd_accepts_drafts(setup):
     assert sum(g.stats["drafts_accepted"] for g in gens) > 20
     assert sum(g.nfe for g in gens) < 50 * 4
     assert torch.all(torch.stack([g.tokens for g in gens]) < 3)
+
+
+def test_maximal_coupling_is_lossless(setup):
+    """MC-SJD: refreshed drafts maximally coupled with their new targets, recorded p = current q."""
+    adapter, probs = setup
+    engine = JacobiEngine(adapter, SJD(), window=4, coupling="maximal")
+    counts = Counter(tuple(engine.generate(PROMPT, seed=30_000 + s).tokens.tolist()) for s in range(N_SAMPLES))
+    assert chi_square_pvalue(counts, probs) > 1e-3

@@ -31,6 +31,7 @@ def find_run_dirs(source: str | Path | Sequence[str | Path]) -> list[Path]:
 
 
 def method_label(method: str, params: dict[str, Any]) -> str:
+    params = {k: v for k, v in params.items() if not (k == "coupling" and v == "none")}  # the default is unlabelled
     extra = [f"{k}={v}" for k, v in sorted(params.items()) if k not in LABEL_SKIP and not isinstance(v, (dict, list))]
     return f"{method} ({', '.join(extra)})" if extra else method
 
