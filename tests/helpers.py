@@ -58,3 +58,11 @@ def chi_square_pvalue(counts: dict[tuple[int, ...], int], probs: dict[tuple[int,
         exp.append(pool_e)
     exp_arr = np.array(exp) * (sum(obs) / sum(exp))
     return float(stats.chisquare(np.array(obs), exp_arr).pvalue)
+
+
+def random_body(adapter: ModelAdapter, seed: int) -> torch.Tensor:
+    """A body of random image ids with the forced structural tokens in place."""
+    gen = torch.Generator().manual_seed(seed)
+    forced = adapter.layout.forced_ids
+    free = adapter.image_token_ids[torch.randint(adapter.vocab_size, forced.shape, generator=gen)]
+    return torch.where(forced >= 0, forced, free)

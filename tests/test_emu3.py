@@ -13,6 +13,7 @@ from baselines.relaxed import Amplify
 from csd.acceptance import CSD, SJD
 from csd.adapters.emu3 import Emu3Adapter, tiny_emu3_adapter
 from csd.engine import JacobiEngine
+from tests.helpers import random_body
 
 PROMPT = "a red cube"
 
@@ -40,12 +41,6 @@ def reference_greedy(adapter: Emu3Adapter) -> torch.Tensor:
             body.append(int(adapter.image_token_ids[guided.argmax()]))
     return torch.tensor(body)
 
-
-def random_body(adapter: Emu3Adapter, seed: int) -> torch.Tensor:
-    gen = torch.Generator().manual_seed(seed)
-    forced = adapter.layout.forced_ids
-    free = adapter.image_token_ids[torch.randint(adapter.vocab_size, forced.shape, generator=gen)]
-    return torch.where(forced >= 0, forced, free)
 
 
 def test_layout_and_prompt():

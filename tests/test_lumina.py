@@ -23,6 +23,7 @@ from csd.adapters.lumina import (
     tiny_lumina_adapter,
 )
 from csd.engine import JacobiEngine
+from tests.helpers import random_body
 
 PROMPT = "a red cube"
 
@@ -59,12 +60,6 @@ def reference_greedy(adapter: LuminaAdapter) -> torch.Tensor:
         body.append(int(adapter.image_token_ids[q.argmax()]))
     return torch.tensor(body)
 
-
-def random_body(adapter: LuminaAdapter, seed: int) -> torch.Tensor:
-    gen = torch.Generator().manual_seed(seed)
-    forced = adapter.layout.forced_ids
-    free = adapter.image_token_ids[torch.randint(adapter.vocab_size, forced.shape, generator=gen)]
-    return torch.where(forced >= 0, forced, free)
 
 
 def test_layout_matches_lumina_format():
