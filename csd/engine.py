@@ -26,10 +26,10 @@ from csd.acceptance import AcceptanceRule, entropy
 from csd.adapters.base import ModelAdapter
 from csd.processors import TargetPipeline
 from csd.records import COMMIT_ACCEPTED, COMMIT_FORCED, COMMIT_RELAXED, COMMIT_SAMPLED
-from csd.verify import couple_drafts, verify_window
+from csd.verify import couple_drafts, exponential_noise, verify_window
 
 INIT_SCHEMES = ("random", "repeat_left")
-COUPLINGS = ("none", "maximal")
+COUPLINGS = ("none", "maximal", "gumbel")
 STAT_KEYS = ("drafts_proposed", "drafts_verified", "drafts_accepted", "relaxed_accepts", "filter_checks", "filter_passes")
 
 
@@ -75,7 +75,8 @@ class JacobiEngine:
         if coupling not in COUPLINGS:
             raise ValueError(f"coupling must be one of {COUPLINGS}, got {coupling!r}")
         self.adapter, self.rule, self.window, self.init = adapter, rule, window, init
-        # MC-SJD: refreshed drafts are old drafts maximally coupled with their new targets (recorded p = new q)
+        # maximal (MC-SJD): refreshed drafts are old drafts maximally coupled with their new targets
+        # (recorded p = new q); gumbel: every sample for body position n uses the same Exp(1) noise E_n
         self.coupling = coupling
         # compiled path: every multi-token forward has exactly `window` rows (two step shapes in all)
         self.pad_window = pad_window
@@ -124,6 +125,10 @@ class JacobiEngine:
         stats = torch.zeros(len(STAT_KEYS), dtype=torch.long, device=device)
         carried = torch.zeros(0, dtype=torch.long, device=device)
         carried_probs = torch.zeros((0, vocab), dtype=torch.float32, device=device)
+        # Gumbel sharing (ALGORITHMS.md "Drafting variants"): y_n = argmax q_n / E_n with E_n fixed per
+        # body position until n is committed; lossless because E_n is independent of everything that
+        # decides whether its draft is accepted (the uniforms and residual noise are drawn separately)
+        shared = exponential_noise((length, vocab), gen, device) if self.coupling == "gumbel" else None
         n = iteration = 0
         while n < length:
             rows = 1 if length - n <= tail else min(self.window, length - n)
@@ -151,6 +156,7 @@ class JacobiEngine:
                 draft_probs.unsqueeze(0),
                 self.is_forced[n : n + n_drafts].unsqueeze(0),
                 gen,
+                None if shared is None else shared[n : n + rows].unsqueeze(0),
             )
             m_dev = result.n_accepted[0] + 1
             within = torch.arange(rows, device=device) < m_dev

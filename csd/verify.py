@@ -56,6 +56,7 @@ def verify_window(
     draft_probs: torch.Tensor,
     draft_forced: torch.Tensor,
     generator: torch.Generator,
+    sample_noise: torch.Tensor | None = None,
 ) -> tuple[WindowResult, torch.Tensor]:
     """Verify drafts left to right and pick the replacement/bonus token.
 
@@ -71,10 +72,15 @@ def verify_window(
 
     Random numbers are drawn in a fixed order (row samples, uniforms, residual noise) regardless of
     the rule, so rules with identical ``b`` give identical tokens under the same seed.
+    ``sample_noise [B, K, V]`` (``Exp(1)``), when given, replaces the row samples' own noise (Gumbel
+    sharing: the caller ties it to absolute positions); the residual always gets independent noise.
     """
     batch, window, vocab = target_probs.shape
     device = target_probs.device
-    samples = sample(target_probs, generator)
+    if sample_noise is None:
+        samples = sample(target_probs, generator)
+    else:
+        samples = sample_race(target_probs, sample_noise)
     n_drafts = window - 1
     uniforms = torch.rand((batch, n_drafts), generator=generator, device=device)
     residual_noise = exponential_noise((batch, vocab), generator, device)

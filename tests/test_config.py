@@ -51,7 +51,7 @@ def test_method_configs_build_their_rules():
         (["method.window=0"], "method.window=0"),
         (["method=ar", "method.window=4"], "method=ar needs method.window=1"),
         (["method.init=zeros"], "random"),
-        (["method.coupling=gumbel"], "maximal"),
+        (["method.coupling=gumble"], "gumbel"),
         (["model.top_k=0"], "model.top_k=0 must be an integer >= 1"),
         (["model.guidance_scale=0"], "guidance_scale=0 must be > 0"),
         (["model.temperature=-1"], "temperature=-1"),

@@ -63,9 +63,11 @@ def test_sjd_accepts_drafts(setup):
     assert torch.all(torch.stack([g.tokens for g in gens]) < 3)
 
 
-def test_maximal_coupling_is_lossless(setup):
-    """MC-SJD: refreshed drafts maximally coupled with their new targets, recorded p = current q."""
+@pytest.mark.parametrize("coupling", ["maximal", "gumbel"])
+def test_coupled_drafting_is_lossless(setup, coupling):
+    """MC-SJD (old drafts maximally coupled with their new targets, recorded p = current q) and Gumbel
+    sharing (one Exp(1) noise per body position for every sample of that position)."""
     adapter, probs = setup
-    engine = JacobiEngine(adapter, SJD(), window=4, coupling="maximal")
+    engine = JacobiEngine(adapter, SJD(), window=4, coupling=coupling)
     counts = Counter(tuple(engine.generate(PROMPT, seed=30_000 + s).tokens.tolist()) for s in range(N_SAMPLES))
     assert chi_square_pvalue(counts, probs) > 1e-3
