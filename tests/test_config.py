@@ -43,6 +43,15 @@ def test_method_configs_build_their_rules():
     assert build_rule(make_cfg("method=sjd", "method.lam=0.3").method).params() == {}  # ignored, warned
 
 
+def test_paper_variants_override_their_base_method():
+    gsd = make_cfg("method=gsd_g25").method
+    assert build_rule(gsd).params()["group_size"] == 25 and gsd._target_ == make_cfg("method=gsd").method._target_
+    assert build_rule(make_cfg("method=amplify_k4").method).params() == {"k": 4.0}
+    mcsjd = make_cfg("method=mcsjd").method
+    assert (mcsjd.window, mcsjd.coupling, mcsjd.name) == (64, "maximal", "mcsjd")
+    assert make_cfg("method=sjd_l32").method.window == 32
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pandas as pd
 
-METHOD_ORDER = ("ar", "sjd", "gsd", "addition", "amplify", "lantern", "csd")
+METHOD_ORDER = ("ar", "sjd", "sjd_l32", "mcsjd", "gsd", "gsd_g25", "addition", "amplify", "amplify_k4", "lantern", "csd")
 #: frame column -> table header (columns a sweep did not measure are dropped)
 COLUMNS = {
     "label": "method", "lam": "lambda", "delta": "delta", "latency_mean": "latency (s)", "speedup": "speed-up",
