@@ -24,6 +24,12 @@ def paper_table(df: pd.DataFrame) -> pd.DataFrame:
     return rows[cols].rename(columns=COLUMNS).round(3).reset_index(drop=True)
 
 
+def _markdown(table: pd.DataFrame) -> str:
+    """Markdown with empty cells where a method has no such value (tabulate blanks None, not NaN)."""
+    cells = table.astype(object).where(table.notna(), None)
+    return cells.to_markdown(index=False, floatfmt=".3g", missingval="")
+
+
 def write_tables(df: pd.DataFrame, out_dir: Path) -> list[Path]:
     """``table_<model>.csv`` and ``.md`` for each model of the sweep; returns the Markdown paths."""
     written = []
@@ -32,6 +38,6 @@ def write_tables(df: pd.DataFrame, out_dir: Path) -> list[Path]:
         table.to_csv(out_dir / f"table_{model}.csv", index=False)
         md = out_dir / f"table_{model}.md"
         md.write_text(f"### {model} ({', '.join(sorted(group['dataset'].unique()))})\n\n"
-                      + table.to_markdown(index=False, floatfmt=".3g", missingval="") + "\n", encoding="utf-8")
+                      + _markdown(table) + "\n", encoding="utf-8")
         written.append(md)
     return written
