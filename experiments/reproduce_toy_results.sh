@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Reproduce the committed toy results under results/ (CPU, ~15 minutes on 2 cores):
+# Reproduce the committed toy results under results/ (CPU, ~10 minutes on 2 cores):
 # the paper table on the toy (toy_paper) and the CSD lambda/delta ablation, with speed-ups against
 # toy_paper's AR run. Same seeds -> same tokens (tests/test_results.py checks a sample of them).
+# Finished images are resumed, not redone: after retraining the toy model, delete
+# results/toy_paper and results/ablation_lambda_delta first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1

@@ -1,13 +1,13 @@
 """Reproduce the toy model's assets: tokenizer fit, LM training, CLIP training, AR sample evaluation.
 
-Usage, from the repository root (about 55 min on 2 lightly shared CPU cores)::
+Usage, from the repository root (about 105 min on 2 CPU cores: LM 80-90, CLIP 12, evaluation 2;
+``--device cuda`` trains the LM on a GPU)::
 
     HF_HUB_OFFLINE=1 PYTHONPATH=. python experiments/train_toy.py --threads 2
 
 Stages can be run one at a time (``--stages tokenizer lm clip eval``); each reads what earlier
-stages wrote to ``--out`` (default ``csd/toy/assets``). The LM is trained in phases
-(``--phases``, see :data:`DEFAULT_PHASES`); ``--init-lm DIR --steps N`` continues a checkpoint
-with one more phase, and ``--steps N`` alone is a quick single-phase run.
+stages wrote to ``--out`` (default ``csd/toy/assets``). ``--init-lm DIR`` continues a checkpoint
+with another ``--steps`` run (a new phase in the loss log); ``--save-every N`` snapshots the LM.
 """
 
 from __future__ import annotations
@@ -32,8 +32,6 @@ from csd.toy.tokenizer import PatchTokenizer
 from csd.toy.vocab import N_TEXT, PROMPT_LEN, encode_caption
 
 REPO = Path(__file__).resolve().parents[1]
-#: max-min channel spread above which a pixel shows an object colour (backgrounds are neutral tones)
-OBJECT_SPREAD = 80
 
 
 def seed_everything(seed: int) -> None:
@@ -59,41 +57,19 @@ def lm_batch(specs: list, images: np.ndarray, tokenizer: PatchTokenizer, dropout
     return torch.cat([prompts, tokenizer.encode(images) + N_TEXT], dim=1)
 
 
-def object_weights(images: np.ndarray, weight: float) -> torch.Tensor:
-    """``[B, 256]`` loss weights: ``weight`` for patches showing an object (a saturated colour), else 1.
-
-    The weight depends on the *target* token, so it tilts the fitted distribution towards object
-    codes by up to ``weight``: it speeds up learning the caption-dependent tokens (phase 2 of the
-    recipe) but over-generates objects, which the final unweighted phase (``weight = 1``) undoes.
-    """
-    pixels = torch.as_tensor(images).float().reshape(len(images), 16, 2, 16, 2, 3)
-    spread = (pixels.amax(-1) - pixels.amin(-1)).amax(dim=(2, 4)).reshape(len(images), -1)
-    return torch.where(spread > OBJECT_SPREAD, weight, 1.0)
-
-
-def image_loss(model: torch.nn.Module, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """Weighted cross-entropy of the 256 image tokens, over the image-code columns only (as the adapter samples)."""
+def image_loss(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy of the 256 image tokens, over the image-code columns only (as the adapter samples)."""
     hidden = model.model(input_ids=ids[:, :-1]).last_hidden_state[:, PROMPT_LEN - 1:]
     logits = model.lm_head(hidden)[..., N_TEXT:]
-    nll = F.cross_entropy(logits.transpose(1, 2), ids[:, PROMPT_LEN:] - N_TEXT, reduction="none")
-    return (nll * weights).sum() / weights.sum()
-
-
-#: the shipped recipe, ``steps:lr:object_weight`` per phase; each phase continues the previous one
-DEFAULT_PHASES = "1100:2e-3:1,2200:1.5e-3:5,2400:1e-3:1,1200:8e-4:1"
-
-
-def lm_phases(args: argparse.Namespace) -> list[tuple[int, float, float]]:
-    """``--steps`` (with ``--lr``, ``--object-weight``) gives one phase; otherwise ``--phases``."""
-    if args.steps is not None:
-        return [(args.steps, args.lr, args.object_weight)]
-    return [(int(st), float(lr), float(w)) for st, lr, w in (ph.split(":") for ph in args.phases.split(","))]
+    return F.cross_entropy(logits.transpose(1, 2), ids[:, PROMPT_LEN:] - N_TEXT)
 
 
 def train_phase(model: torch.nn.Module, args: argparse.Namespace, tokenizer: PatchTokenizer, phase: int,
-                steps: int, lr: float, object_weight: float, log: TextIO) -> None:
-    """AdamW, linear warm-up then cosine decay, on fresh scenes (a new data stream per phase)."""
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.05)
+                log: TextIO) -> None:
+    """``--steps`` of AdamW, 5 % linear warm-up then cosine decay to 5 % of ``--lr``, on fresh scenes
+    (a new data stream per phase)."""
+    steps = args.steps
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.98), weight_decay=0.05)
     warmup = max(1, steps // 20)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min((s + 1) / warmup, 0.5 * (1 + math.cos(math.pi * min(s / steps, 1.0))) * 0.95 + 0.05)
@@ -104,8 +80,8 @@ def train_phase(model: torch.nn.Module, args: argparse.Namespace, tokenizer: Pat
     start, smooth = time.time(), None
     for step in range(1, steps + 1):
         specs, images = next(stream)
-        ids = lm_batch(specs, images, tokenizer, args.caption_dropout, rng)
-        loss = image_loss(model, ids, object_weights(images, object_weight))
+        ids = lm_batch(specs, images, tokenizer, args.caption_dropout, rng).to(args.device)
+        loss = image_loss(model, ids)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -119,10 +95,12 @@ def train_phase(model: torch.nn.Module, args: argparse.Namespace, tokenizer: Pat
             log.flush()
             print(f"[lm] phase {phase} step {step}/{steps} loss {loss.item():.4f} (ema {smooth:.4f}) "
                   f"{elapsed / step:.2f}s/step", flush=True)
+        if args.save_every and step % args.save_every == 0:
+            model.save_pretrained(args.out / "lm")  # snapshot for inspection (no optimizer state)
 
 
 def train_lm(args: argparse.Namespace, tokenizer: PatchTokenizer) -> None:
-    """Train (or, with ``--init-lm``, continue) the LM through its phases; log to results/toy_training_log.csv."""
+    """Train (or, with ``--init-lm``, continue) the LM for ``--steps``; log to results/toy_training_log.csv."""
     from transformers import LlamaForCausalLM
 
     seed_everything(args.seed)
@@ -130,17 +108,17 @@ def train_lm(args: argparse.Namespace, tokenizer: PatchTokenizer) -> None:
         model = LlamaForCausalLM.from_pretrained(str(args.init_lm))
     else:
         model = LlamaForCausalLM(toy_lm_config(tokenizer.vocab_size, args.hidden, args.layers, args.heads))
+    model.to(args.device)
     print(f"[lm] {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, batch {args.batch}", flush=True)
     log_path = args.log
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    # continuing a checkpoint appends its phases to the existing log
-    first = int(log_path.read_text().strip().splitlines()[-1].split(",")[0]) + 1 if args.init_lm else 1
+    # continuing a checkpoint appends a phase to the existing log
+    phase = int(log_path.read_text().strip().splitlines()[-1].split(",")[0]) + 1 if args.init_lm else 1
     start = time.time()
     with open(log_path, "a" if args.init_lm else "w", newline="") as log:
         if not args.init_lm:
             csv.writer(log).writerow(["phase", "step", "loss", "loss_ema", "lr", "elapsed_s"])
-        for phase, (steps, lr, weight) in enumerate(lm_phases(args), start=first):
-            train_phase(model, args, tokenizer, phase, steps, lr, weight, log)
+        train_phase(model, args, tokenizer, phase, log)
     model.save_pretrained(args.out / "lm")
     print(f"[lm] saved to {args.out / 'lm'} after {time.time() - start:.0f}s", flush=True)
 
@@ -299,20 +277,19 @@ def parse_args() -> argparse.Namespace:
                    choices=["tokenizer", "lm", "clip", "eval"])
     p.add_argument("--out", type=Path, default=ASSETS)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--device", default="cpu", help="device of the LM stage (e.g. cuda); the other stages run on the CPU")
     p.add_argument("--log", type=Path, default=REPO / "results" / "toy_training_log.csv", help="LM loss log (CSV)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--codebook", type=int, default=256)
     p.add_argument("--tokenizer-images", type=int, default=3000)
-    p.add_argument("--hidden", type=int, default=128)
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--heads", type=int, default=2)
-    p.add_argument("--phases", default=DEFAULT_PHASES, help="LM phases, steps:lr:object_weight,...")
-    p.add_argument("--steps", type=int, default=None, help="run a single LM phase of this many steps instead")
+    p.add_argument("--hidden", type=int, default=192)
+    p.add_argument("--layers", type=int, default=6)
+    p.add_argument("--heads", type=int, default=6)
+    p.add_argument("--steps", type=int, default=6000, help="LM training steps (batches of fresh scenes)")
     p.add_argument("--batch", type=int, default=16)
-    p.add_argument("--lr", type=float, default=2e-3, help="learning rate of the --steps phase")
-    p.add_argument("--object-weight", type=float, default=1.0, help="object-token loss weight of the --steps phase")
+    p.add_argument("--lr", type=float, default=1.5e-3, help="peak learning rate")
     p.add_argument("--init-lm", type=Path, default=None,
-                   help="continue training this checkpoint (phase 2; the log is appended to)")
+                   help="continue training this checkpoint (a new phase; the log is appended to)")
     p.add_argument("--caption-dropout", type=float, default=0.1)
     p.add_argument("--clip-steps", type=int, default=500)
     p.add_argument("--clip-batch", type=int, default=96)
@@ -322,6 +299,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--guidance", type=float, default=None, help="default: the best of --guidance-sweep")
     p.add_argument("--guidance-sweep", type=float, nargs="*", default=[1.0, 1.5, 2.0, 3.0, 5.0])
     p.add_argument("--log-every", type=int, default=10)
+    p.add_argument("--save-every", type=int, default=0, help="also save the LM every N steps of a phase (0: at the end)")
     return p.parse_args()
 
 
