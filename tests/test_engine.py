@@ -112,7 +112,7 @@ def test_engine_rejects_bad_settings(adapter):
     with pytest.raises(ValueError, match="init"):
         JacobiEngine(adapter, SJD(), init="zeros")
     with pytest.raises(ValueError, match="coupling"):
-        JacobiEngine(adapter, SJD(), coupling="gumbel")
+        JacobiEngine(adapter, SJD(), coupling="gumble")
 
 
 @pytest.mark.parametrize(
