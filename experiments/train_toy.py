@@ -1,13 +1,14 @@
 """Reproduce the toy model's assets: tokenizer fit, LM training, CLIP training, AR sample evaluation.
 
-Usage, from the repository root (about 105 min on 2 CPU cores: LM 80-90, CLIP 12, evaluation 2;
+Usage, from the repository root (about 2 h on 2 CPU cores: LM 110 min, CLIP 12, evaluation 2;
 ``--device cuda`` trains the LM on a GPU)::
 
     HF_HUB_OFFLINE=1 PYTHONPATH=. python experiments/train_toy.py --threads 2
 
 Stages can be run one at a time (``--stages tokenizer lm clip eval``); each reads what earlier
-stages wrote to ``--out`` (default ``csd/toy/assets``). ``--init-lm DIR`` continues a checkpoint
-with another ``--steps`` run (a new phase in the loss log); ``--save-every N`` snapshots the LM.
+stages wrote to ``--out`` (default ``csd/toy/assets``). The LM trains in ``--phases`` (each with its
+own warm-up and cosine decay, continuing the previous one); ``--init-lm DIR`` continues a checkpoint
+(its phases are appended to the loss log); ``--save-every N`` snapshots the LM.
 """
 
 from __future__ import annotations
@@ -64,12 +65,15 @@ def image_loss(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.transpose(1, 2), ids[:, PROMPT_LEN:] - N_TEXT)
 
 
+#: the shipped recipe, ``steps:peak_lr`` per phase; each phase continues the previous one
+DEFAULT_PHASES = "6000:1.5e-3,1500:5e-4"
+
+
 def train_phase(model: torch.nn.Module, args: argparse.Namespace, tokenizer: PatchTokenizer, phase: int,
-                log: TextIO) -> None:
-    """``--steps`` of AdamW, 5 % linear warm-up then cosine decay to 5 % of ``--lr``, on fresh scenes
+                steps: int, lr: float, log: TextIO) -> None:
+    """``steps`` of AdamW, 5 % linear warm-up then cosine decay to 5 % of ``lr``, on fresh scenes
     (a new data stream per phase)."""
-    steps = args.steps
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.98), weight_decay=0.05)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.05)
     warmup = max(1, steps // 20)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min((s + 1) / warmup, 0.5 * (1 + math.cos(math.pi * min(s / steps, 1.0))) * 0.95 + 0.05)
@@ -100,7 +104,7 @@ def train_phase(model: torch.nn.Module, args: argparse.Namespace, tokenizer: Pat
 
 
 def train_lm(args: argparse.Namespace, tokenizer: PatchTokenizer) -> None:
-    """Train (or, with ``--init-lm``, continue) the LM for ``--steps``; log to results/toy_training_log.csv."""
+    """Train (or, with ``--init-lm``, continue) the LM through ``--phases``; log to results/toy_training_log.csv."""
     from transformers import LlamaForCausalLM
 
     seed_everything(args.seed)
@@ -112,13 +116,15 @@ def train_lm(args: argparse.Namespace, tokenizer: PatchTokenizer) -> None:
     print(f"[lm] {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, batch {args.batch}", flush=True)
     log_path = args.log
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    # continuing a checkpoint appends a phase to the existing log
-    phase = int(log_path.read_text().strip().splitlines()[-1].split(",")[0]) + 1 if args.init_lm else 1
+    # continuing a checkpoint appends its phases to the existing log
+    first = int(log_path.read_text().strip().splitlines()[-1].split(",")[0]) + 1 if args.init_lm else 1
     start = time.time()
     with open(log_path, "a" if args.init_lm else "w", newline="") as log:
         if not args.init_lm:
             csv.writer(log).writerow(["phase", "step", "loss", "loss_ema", "lr", "elapsed_s"])
-        train_phase(model, args, tokenizer, phase, log)
+        for phase, spec in enumerate(args.phases.split(","), start=first):
+            steps, lr = spec.split(":")
+            train_phase(model, args, tokenizer, phase, int(steps), float(lr), log)
     model.save_pretrained(args.out / "lm")
     print(f"[lm] saved to {args.out / 'lm'} after {time.time() - start:.0f}s", flush=True)
 
@@ -285,11 +291,10 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--hidden", type=int, default=192)
     p.add_argument("--layers", type=int, default=6)
     p.add_argument("--heads", type=int, default=6)
-    p.add_argument("--steps", type=int, default=6000, help="LM training steps (batches of fresh scenes)")
+    p.add_argument("--phases", default=DEFAULT_PHASES, help="LM phases, steps:peak_lr,... (batches of fresh scenes)")
     p.add_argument("--batch", type=int, default=16)
-    p.add_argument("--lr", type=float, default=1.5e-3, help="peak learning rate")
     p.add_argument("--init-lm", type=Path, default=None,
-                   help="continue training this checkpoint (a new phase; the log is appended to)")
+                   help="continue training this checkpoint (the log is appended to)")
     p.add_argument("--caption-dropout", type=float, default=0.1)
     p.add_argument("--clip-steps", type=int, default=500)
     p.add_argument("--clip-batch", type=int, default=96)

@@ -183,14 +183,15 @@ def test_training_script_trains_continues_and_saves(tmp_path) -> None:
     shutil.copy(ASSETS / "tokenizer.safetensors", tmp_path)
     log = tmp_path / "log.csv"
     base = [sys.executable, str(repo / "experiments" / "train_toy.py"), "--stages", "lm", "--out", str(tmp_path),
-            "--log", str(log), "--hidden", "32", "--layers", "1", "--heads", "2", "--batch", "2", "--steps", "4",
+            "--log", str(log), "--hidden", "32", "--layers", "1", "--heads", "2", "--batch", "2", "--phases", "4:1e-3",
             "--log-every", "2"]
     env = {**os.environ, "PYTHONPATH": str(repo)}
     subprocess.run(base, check=True, env=env, capture_output=True, cwd=repo)
-    subprocess.run([*base, "--init-lm", str(tmp_path / "lm")], check=True, env=env, capture_output=True, cwd=repo)
+    subprocess.run([*base, "--init-lm", str(tmp_path / "lm"), "--phases", "2:1e-3,2:5e-4"], check=True, env=env,
+                   capture_output=True, cwd=repo)
     rows = [line.split(",") for line in log.read_text().splitlines()]
     assert rows[0][:3] == ["phase", "step", "loss"]
-    assert [(r[0], r[1]) for r in rows[1:]] == [("1", "2"), ("1", "4"), ("2", "2"), ("2", "4")]
+    assert [(r[0], r[1]) for r in rows[1:]] == [("1", "2"), ("1", "4"), ("2", "2"), ("3", "2")]
     assert all(0 < float(r[2]) < 10 for r in rows[1:])
     lm = load_toy_lm(tmp_path / "lm")
     assert lm.config.hidden_size == 32 and lm.config.num_hidden_layers == 1
