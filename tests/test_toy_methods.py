@@ -22,15 +22,3 @@ def test_every_method_generates_on_the_toy(toy_ar, method):
     assert gen.tokens.shape == (256,) and int(gen.tokens.max()) < 256
     assert gen.nfe < 256  # speculative decoding commits more than one token per forward on the toy
 
-
-def test_coupled_drafting_saves_forward_passes_on_the_toy(toy_ar):
-    """MC-SJD and Gumbel sharing keep refreshed drafts stable, so they need fewer NFEs than plain SJD."""
-    prompts = [p.text for p in toy_prompts(3)]
-
-    def total_nfe(coupling: str) -> int:
-        dec = toy_ar.with_method("sjd", **{"method.coupling": coupling})
-        return sum(dec.generate(p, seed=s)[1].nfe for p in prompts for s in range(2))
-
-    plain = total_nfe("none")
-    assert total_nfe("maximal") < plain
-    assert total_nfe("gumbel") < 0.95 * plain
