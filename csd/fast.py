@@ -170,6 +170,30 @@ class StaticDecoder:
         self.length -= n
 
 
+class StaticDispatch:
+    """Adapter mixin: one decode step and rollback for both paths.
+
+    Subclasses set ``static`` (a :class:`StaticDecoder`, or None for the eager path on a per-context
+    ``DynamicCache``) and define ``decode_step(inputs, cache)``.
+    """
+
+    static: StaticDecoder | None
+
+    def run_step(self, inputs: torch.Tensor, cache) -> torch.Tensor:
+        """Logits of ``inputs`` appended to the context: the static decoder's step, else ``decode_step``."""
+        if self.static is not None:
+            return self.static.step(inputs)
+        with torch.no_grad():
+            return self.decode_step(inputs, cache)
+
+    def rollback(self, ctx, n: int) -> None:
+        """Drop the last ``n`` cache entries of ``ctx`` (the static cache when compiled)."""
+        if self.static is not None:
+            self.static.rollback(n)
+        elif n > 0:
+            ctx.cache.crop(-n)
+
+
 def make_static_decoder(
     run: Callable[[torch.Tensor, StaticCache], torch.Tensor],
     config: PretrainedConfig,

@@ -28,14 +28,14 @@ from csd.adapters.base import (
     resolve_dtype,
     to_uint8,
 )
-from csd.fast import make_static_decoder
+from csd.fast import StaticDispatch, make_static_decoder
 
 PromptEncoder = Callable[[str], torch.Tensor]
 
 
 
 
-class JanusAdapter(ModelAdapter):
+class JanusAdapter(StaticDispatch, ModelAdapter):
     def __init__(
         self,
         model: JanusForConditionalGeneration,
@@ -90,15 +90,7 @@ class JanusAdapter(ModelAdapter):
         embeds = self.model.prepare_embeddings_for_image_generation(ids.unsqueeze(0).expand(rows, -1))
         if with_prompt_tail:
             embeds = torch.cat([ctx.prompt_tail, embeds], dim=1)
-        if self.static is not None:
-            return self.static.step(embeds)
-        return self.decode_step(embeds, ctx.cache)
-
-    def rollback(self, ctx: DecodeContext, n: int) -> None:
-        if self.static is not None:
-            self.static.rollback(n)
-        elif n > 0:
-            ctx.cache.crop(-n)
+        return self.run_step(embeds, ctx.cache)
 
     def decode_images(self, ids: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():

@@ -11,7 +11,7 @@ import torch
 from transformers import Cache, DynamicCache, LlamaForCausalLM
 
 from csd.adapters.base import BodyLayout, DecodeContext, MissingWeightsError, ModelAdapter, SamplingConfig
-from csd.fast import make_static_decoder
+from csd.fast import StaticDispatch, make_static_decoder
 from csd.toy import LM_DIR, TOKENIZER_FILE
 from csd.toy.model import load_toy_lm
 from csd.toy.tokenizer import GRID, PatchTokenizer
@@ -22,7 +22,7 @@ from csd.toy.vocab import N_TEXT, encode_caption
 DEFAULT_GUIDANCE = 1.5
 
 
-class ToyAdapter(ModelAdapter):
+class ToyAdapter(StaticDispatch, ModelAdapter):
     """Drives the toy LM token by token with a ``DynamicCache``; rows are ``[cond, uncond]`` under CFG."""
 
     def __init__(self, lm: LlamaForCausalLM, tokenizer: PatchTokenizer, sampling: SamplingConfig,
@@ -62,16 +62,7 @@ class ToyAdapter(ModelAdapter):
         window = (ids.to(self.device).long() + N_TEXT).view(1, -1).expand(rows, -1)
         if with_prompt_tail:
             window = torch.cat([ctx.prompt_tail, window], dim=1)
-        if self.static is not None:
-            return self.static.step(window)
-        with torch.no_grad():
-            return self.decode_step(window, ctx.cache)
-
-    def rollback(self, ctx: DecodeContext, n: int) -> None:
-        if self.static is not None:
-            self.static.rollback(n)
-        elif n > 0:
-            ctx.cache.crop(-n)
+        return self.run_step(window, ctx.cache)
 
     def decode_images(self, ids: torch.Tensor) -> torch.Tensor:
         return self.tokenizer.decode(ids.cpu())
