@@ -1,6 +1,6 @@
 """Reproduce the toy model's assets: tokenizer fit, LM training, CLIP training, AR sample evaluation.
 
-Usage, from the repository root (about 2 h on 2 CPU cores: LM 110 min, CLIP 12, evaluation 2;
+Usage, from the repository root (about 3 h on 2 CPU cores: LM 175 min, CLIP 12, evaluation 2;
 ``--device cuda`` trains the LM on a GPU)::
 
     HF_HUB_OFFLINE=1 PYTHONPATH=. python experiments/train_toy.py --threads 2
@@ -26,8 +26,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from csd.adapters.toy import DEFAULT_GUIDANCE
 from csd.toy import ASSETS
-from csd.toy.domain import render_batch, sample_spec, training_stream
+from csd.toy.domain import SCENE_KIND_PROBS, render_batch, sample_spec, training_stream
 from csd.toy.model import IMAGE_TOKENS, toy_lm_config
 from csd.toy.tokenizer import PatchTokenizer
 from csd.toy.vocab import N_TEXT, PROMPT_LEN, encode_caption
@@ -65,21 +66,37 @@ def image_loss(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.transpose(1, 2), ids[:, PROMPT_LEN:] - N_TEXT)
 
 
-#: the shipped recipe, ``steps:peak_lr`` per phase; each phase continues the previous one
-DEFAULT_PHASES = "6000:1.5e-3,1500:5e-4"
+#: the shipped recipe, ``steps:peak_lr[:mix]`` per phase (each continues the previous one); the last phase
+#: draws half of its captions from the relational kind, the one the LM found hardest
+DEFAULT_PHASES = "6000:1.5e-3,1500:5e-4,5000:8e-4:0.15/0.2/0.5/0.15"
+
+
+def parse_phase(spec: str) -> tuple[int, float, tuple[float, ...]]:
+    """``steps:peak_lr[:p_single/p_count/p_relation/p_and]`` -> (steps, lr, caption-kind probabilities)."""
+    parts = spec.split(":")
+    if len(parts) not in (2, 3):
+        raise ValueError(f"phase {spec!r}: expected steps:peak_lr or steps:peak_lr:p1/p2/p3/p4")
+    mix = SCENE_KIND_PROBS
+    if len(parts) == 3:
+        weights = [float(w) for w in parts[2].split("/")]
+        if len(weights) != len(SCENE_KIND_PROBS) or min(weights) < 0 or sum(weights) <= 0:
+            raise ValueError(f"phase {spec!r}: the mix needs {len(SCENE_KIND_PROBS)} non-negative weights")
+        mix = tuple(w / sum(weights) for w in weights)
+    return int(parts[0]), float(parts[1]), mix
 
 
 def train_phase(model: torch.nn.Module, args: argparse.Namespace, tokenizer: PatchTokenizer, phase: int,
-                steps: int, lr: float, log: TextIO) -> None:
-    """``steps`` of AdamW, 5 % linear warm-up then cosine decay to 5 % of ``lr``, on fresh scenes
-    (a new data stream per phase)."""
+                spec: str, log: TextIO) -> None:
+    """One phase (``spec``, see :func:`parse_phase`): AdamW, 5 % linear warm-up then cosine decay to 5 % of the
+    peak lr, on fresh scenes (a new data stream per phase, caption kinds drawn with the phase's mix)."""
+    steps, lr, mix = parse_phase(spec)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.05)
     warmup = max(1, steps // 20)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min((s + 1) / warmup, 0.5 * (1 + math.cos(math.pi * min(s / steps, 1.0))) * 0.95 + 0.05)
     )
     rng = np.random.default_rng([args.seed, 2, phase])
-    stream = training_stream(args.seed + phase - 1, args.batch)
+    stream = training_stream(args.seed + phase - 1, args.batch, mix)
     writer = csv.writer(log)
     start, smooth = time.time(), None
     for step in range(1, steps + 1):
@@ -123,8 +140,7 @@ def train_lm(args: argparse.Namespace, tokenizer: PatchTokenizer) -> None:
         if not args.init_lm:
             csv.writer(log).writerow(["phase", "step", "loss", "loss_ema", "lr", "elapsed_s"])
         for phase, spec in enumerate(args.phases.split(","), start=first):
-            steps, lr = spec.split(":")
-            train_phase(model, args, tokenizer, phase, int(steps), float(lr), log)
+            train_phase(model, args, tokenizer, phase, spec, log)
     model.save_pretrained(args.out / "lm")
     print(f"[lm] saved to {args.out / 'lm'} after {time.time() - start:.0f}s", flush=True)
 
@@ -255,10 +271,9 @@ def evaluate(args: argparse.Namespace, tokenizer: PatchTokenizer) -> None:
         sweep[g] = pass_rate(tokenizer.decode(sample_ar(lm, captions, g, seed=0)).numpy(), prompts)
         print(f"[eval] guidance {g}: AR pass rate {sweep[g]:.3f}", flush=True)
     metrics["guidance_sweep_seed0"] = sweep
-    guidance = args.guidance if args.guidance is not None else max(sweep, key=sweep.get)
     per_seed, samples = [], []
     for seed in range(args.eval_seeds):
-        images = tokenizer.decode(sample_ar(lm, captions, guidance, seed=1000 + seed)).numpy()
+        images = tokenizer.decode(sample_ar(lm, captions, args.guidance, seed=1000 + seed)).numpy()
         samples.append(images)
         per_seed.append(pass_rate(images, prompts))
     samples_arr = np.stack(samples, axis=1)  # [prompts, seeds, 32, 32, 3]
@@ -267,11 +282,11 @@ def evaluate(args: argparse.Namespace, tokenizer: PatchTokenizer) -> None:
     matched = clip_scores(clip_model, clip_tok, samples_arr[:, 0], captions).mean().item()
     shuffled = clip_scores(clip_model, clip_tok, samples_arr[:, 0], captions[1:] + captions[:1]).mean().item()
     metrics.update({
-        "guidance": guidance, "ar_pass_rate_per_seed": per_seed, "ar_pass_rate": float(np.mean(per_seed)),
+        "guidance": args.guidance, "ar_pass_rate_per_seed": per_seed, "ar_pass_rate": float(np.mean(per_seed)),
         "prompts_with_all_seeds_distinct": float(distinct), "clip_score_matched": matched,
         "clip_score_shuffled": shuffled, "eval_prompts": len(prompts),
     })
-    print(f"[eval] guidance {guidance}: AR pass rate {np.mean(per_seed):.3f} per seed {per_seed}; "
+    print(f"[eval] guidance {args.guidance}: AR pass rate {np.mean(per_seed):.3f} per seed {per_seed}; "
           f"all-seeds-distinct {distinct:.2f}; CLIP score {matched:.1f} (shuffled {shuffled:.1f})", flush=True)
     save_grid(samples_arr[:8], captions[:8], REPO / "results" / "toy_samples_ar.png")
     (args.out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
@@ -291,7 +306,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--hidden", type=int, default=192)
     p.add_argument("--layers", type=int, default=6)
     p.add_argument("--heads", type=int, default=6)
-    p.add_argument("--phases", default=DEFAULT_PHASES, help="LM phases, steps:peak_lr,... (batches of fresh scenes)")
+    p.add_argument("--phases", default=DEFAULT_PHASES,
+                   help="LM phases, steps:peak_lr[:mix],... (batches of fresh scenes; mix = caption-kind weights "
+                        "single/count/relation/and, default the held-out mix)")
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--init-lm", type=Path, default=None,
                    help="continue training this checkpoint (the log is appended to)")
@@ -301,11 +318,18 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--clip-lr", type=float, default=2e-3)
     p.add_argument("--eval-prompts", type=int, default=64)
     p.add_argument("--eval-seeds", type=int, default=4)
-    p.add_argument("--guidance", type=float, default=None, help="default: the best of --guidance-sweep")
+    p.add_argument("--guidance", type=float, default=DEFAULT_GUIDANCE,
+                   help="guidance of the AR evaluation samples (default: the adapter's)")
     p.add_argument("--guidance-sweep", type=float, nargs="*", default=[1.0, 1.5, 2.0, 3.0, 5.0])
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--save-every", type=int, default=0, help="also save the LM every N steps of a phase (0: at the end)")
-    return p.parse_args()
+    args = p.parse_args()
+    for spec in args.phases.split(","):  # reject a bad phase before any training
+        try:
+            parse_phase(spec)
+        except ValueError as err:
+            p.error(str(err))
+    return args
 
 
 def main() -> None:

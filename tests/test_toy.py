@@ -11,12 +11,14 @@ import torch
 from csd.adapters.base import MissingWeightsError
 from csd.toy.checker import background_kind, check_image, detect, segment
 from csd.toy.domain import (
+    SCENE_KIND_PROBS,
     heldout_prompts,
     heldout_scene,
     parse_caption,
     render_scene,
     sample_spec,
     toy_prompts,
+    training_stream,
 )
 from csd.toy.tokenizer import PatchTokenizer
 
@@ -67,6 +69,17 @@ def test_scene_generation_is_deterministic() -> None:
     assert toy_prompts(2, split="train")[0].prompt_id == "toy-train-0000"
     with pytest.raises(ValueError):
         toy_prompts(2, split="val")
+
+
+def test_training_mix_reweights_caption_kinds() -> None:
+    """A phase mix (train_toy.py ``steps:lr:mix``) changes which caption kinds the stream draws."""
+    specs, _ = next(training_stream(0, 64, kind_probs=(0.0, 0.0, 1.0, 0.0)))
+    assert all(len(s.groups) == 2 and s.relation is not None for s in specs)
+    specs, _ = next(training_stream(0, 64, kind_probs=(1.0, 0.0, 0.0, 0.0)))
+    assert all(s.n_objects == 1 for s in specs)
+    rng = np.random.default_rng(0)
+    relational = np.mean([sample_spec(rng).relation is not None for _ in range(2000)])
+    assert abs(relational - SCENE_KIND_PROBS[2]) < 0.04  # the default (held-out) mix
 
 
 def test_tokenizer_round_trip(tokenizer: PatchTokenizer, heldout_images) -> None:
@@ -187,7 +200,7 @@ def test_training_script_trains_continues_and_saves(tmp_path) -> None:
             "--log-every", "2"]
     env = {**os.environ, "PYTHONPATH": str(repo)}
     subprocess.run(base, check=True, env=env, capture_output=True, cwd=repo)
-    subprocess.run([*base, "--init-lm", str(tmp_path / "lm"), "--phases", "2:1e-3,2:5e-4"], check=True, env=env,
+    subprocess.run([*base, "--init-lm", str(tmp_path / "lm"), "--phases", "2:1e-3,2:5e-4:0/0/1/0"], check=True, env=env,
                    capture_output=True, cwd=repo)
     rows = [line.split(",") for line in log.read_text().splitlines()]
     assert rows[0][:3] == ["phase", "step", "loss"]

@@ -46,6 +46,9 @@ MIN_SIZE, MAX_SIZE = 9, 12
 GAP = 2
 #: minimum separation (px) of group centroids along the relation's axis
 RELATION_MARGIN = 4
+#: probabilities of the four caption kinds: one object, one counted group, two related groups, two groups
+#: joined by "and" (the held-out prompts use these; training may reweight them, ``experiments/train_toy.py``)
+SCENE_KIND_PROBS = (0.3, 0.25, 0.35, 0.1)
 HELDOUT_SEED = 20260611
 TRAIN_SEED = 7
 
@@ -141,14 +144,15 @@ def as_spec(scene_or_caption: SceneSpec | str | dict[str, Any]) -> SceneSpec:
     return SceneSpec.from_meta(scene_or_caption)
 
 
-def sample_spec(rng: np.random.Generator) -> SceneSpec:
-    """Draw a caption meaning: single objects, counting, two related groups, or two groups joined by "and"."""
+def sample_spec(rng: np.random.Generator, kind_probs: tuple[float, ...] = SCENE_KIND_PROBS) -> SceneSpec:
+    """Draw a caption meaning: single objects, counting, two related groups, or two groups joined by "and"
+    (with probabilities ``kind_probs``)."""
     background = BACKGROUNDS[rng.integers(len(BACKGROUNDS))]
 
     def random_group(count: int) -> ObjectGroup:
         return ObjectGroup(list(COLOURS)[rng.integers(len(COLOURS))], SHAPES[rng.integers(len(SHAPES))], count)
 
-    kind = rng.choice(4, p=[0.3, 0.25, 0.35, 0.1])
+    kind = rng.choice(4, p=kind_probs)
     if kind == 0:
         return SceneSpec((random_group(1),), None, background)
     if kind == 1:
@@ -244,11 +248,12 @@ def render_batch(specs: list[SceneSpec], rng: np.random.Generator) -> np.ndarray
     return np.stack([render_scene(s, rng)[0] for s in specs])
 
 
-def training_stream(seed: int = TRAIN_SEED, batch_size: int = 32) -> Iterator[tuple[list[SceneSpec], np.ndarray]]:
-    """Endless batches ``(specs, images)`` of fresh random scenes."""
+def training_stream(seed: int = TRAIN_SEED, batch_size: int = 32,
+                    kind_probs: tuple[float, ...] = SCENE_KIND_PROBS) -> Iterator[tuple[list[SceneSpec], np.ndarray]]:
+    """Endless batches ``(specs, images)`` of fresh random scenes (caption kinds drawn with ``kind_probs``)."""
     rng = np.random.default_rng([seed, 0])
     while True:
-        specs = [sample_spec(rng) for _ in range(batch_size)]
+        specs = [sample_spec(rng, kind_probs) for _ in range(batch_size)]
         yield specs, render_batch(specs, rng)
 
 
