@@ -21,4 +21,3 @@ def test_every_method_generates_on_the_toy(toy_ar, method):
     assert image.shape == (32, 32, 3)
     assert gen.tokens.shape == (256,) and int(gen.tokens.max()) < 256
     assert gen.nfe < 256  # speculative decoding commits more than one token per forward on the toy
-
