@@ -1,7 +1,7 @@
 """Reproduce the toy model's assets: tokenizer fit, LM training, CLIP training, AR sample evaluation.
 
 Usage, from the repository root (about 3 h on 2 CPU cores: LM 175 min, CLIP 12, evaluation 2;
-``--device cuda`` trains the LM on a GPU)::
+``--compile`` shortens LM steps by ~13 %; ``--device cuda`` trains the LM on a GPU)::
 
     HF_HUB_OFFLINE=1 PYTHONPATH=. python experiments/train_toy.py --threads 2
 
@@ -99,10 +99,11 @@ def train_phase(model: torch.nn.Module, args: argparse.Namespace, tokenizer: Pat
     stream = training_stream(args.seed + phase - 1, args.batch, mix)
     writer = csv.writer(log)
     start, smooth = time.time(), None
+    loss_fn = torch.compile(image_loss) if args.compile else image_loss
     for step in range(1, steps + 1):
         specs, images = next(stream)
         ids = lm_batch(specs, images, tokenizer, args.caption_dropout, rng).to(args.device)
-        loss = image_loss(model, ids)
+        loss = loss_fn(model, ids)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -225,10 +226,25 @@ def sample_ar(lm: torch.nn.Module, captions: list[str], guidance: float, seed: i
     return torch.cat(codes, dim=1)
 
 
-def pass_rate(images: np.ndarray, prompts: list) -> float:
+def passes(images: np.ndarray, prompts: list) -> list[bool]:
+    """Scene-checker verdict (``overall``) per image."""
     from csd.toy.checker import check_image
 
-    return float(np.mean([check_image(im, p.meta)["overall"] for im, p in zip(images, prompts, strict=True)]))
+    return [bool(check_image(im, p.meta)["overall"]) for im, p in zip(images, prompts, strict=True)]
+
+
+def pass_rate(images: np.ndarray, prompts: list) -> float:
+    return float(np.mean(passes(images, prompts)))
+
+
+def caption_kind(meta: dict) -> str:
+    """Evaluation bucket of a prompt: one object, counted group, "and", or relation (horizontal / vertical)."""
+    groups, relation = meta["groups"], meta["relation"]
+    if len(groups) == 1:
+        return "one object" if groups[0]["count"] == 1 else "counted group"
+    if relation is None:
+        return "and"
+    return "left of / right of" if relation in ("left of", "right of") else "above / below"
 
 
 def save_grid(images: np.ndarray, captions: list[str], path: Path, scale: int = 4) -> None:
@@ -271,11 +287,16 @@ def evaluate(args: argparse.Namespace, tokenizer: PatchTokenizer) -> None:
         sweep[g] = pass_rate(tokenizer.decode(sample_ar(lm, captions, g, seed=0)).numpy(), prompts)
         print(f"[eval] guidance {g}: AR pass rate {sweep[g]:.3f}", flush=True)
     metrics["guidance_sweep_seed0"] = sweep
-    per_seed, samples = [], []
+    per_seed, samples, by_kind = [], [], {}
     for seed in range(args.eval_seeds):
         images = tokenizer.decode(sample_ar(lm, captions, args.guidance, seed=1000 + seed)).numpy()
         samples.append(images)
-        per_seed.append(pass_rate(images, prompts))
+        verdicts = passes(images, prompts)
+        per_seed.append(float(np.mean(verdicts)))
+        for ok, prompt in zip(verdicts, prompts, strict=True):
+            counts = by_kind.setdefault(caption_kind(prompt.meta), [0, 0])
+            counts[0] += ok
+            counts[1] += 1
     samples_arr = np.stack(samples, axis=1)  # [prompts, seeds, 32, 32, 3]
     distinct = np.mean([len({s.tobytes() for s in samples_arr[i]}) == args.eval_seeds for i in range(len(prompts))])
     clip_model, _, clip_tok = load_toy_clip()
@@ -285,9 +306,11 @@ def evaluate(args: argparse.Namespace, tokenizer: PatchTokenizer) -> None:
         "guidance": args.guidance, "ar_pass_rate_per_seed": per_seed, "ar_pass_rate": float(np.mean(per_seed)),
         "prompts_with_all_seeds_distinct": float(distinct), "clip_score_matched": matched,
         "clip_score_shuffled": shuffled, "eval_prompts": len(prompts),
+        "ar_passed_by_caption_kind": {kind: f"{ok}/{n}" for kind, (ok, n) in sorted(by_kind.items())},
     })
     print(f"[eval] guidance {args.guidance}: AR pass rate {np.mean(per_seed):.3f} per seed {per_seed}; "
-          f"all-seeds-distinct {distinct:.2f}; CLIP score {matched:.1f} (shuffled {shuffled:.1f})", flush=True)
+          f"all-seeds-distinct {distinct:.2f}; CLIP score {matched:.1f} (shuffled {shuffled:.1f}); "
+          f"passed by caption kind {metrics['ar_passed_by_caption_kind']}", flush=True)
     save_grid(samples_arr[:8], captions[:8], REPO / "results" / "toy_samples_ar.png")
     (args.out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
 
@@ -310,6 +333,7 @@ def parse_args() -> argparse.Namespace:
                    help="LM phases, steps:peak_lr[:mix],... (batches of fresh scenes; mix = caption-kind weights "
                         "single/count/relation/and, default the held-out mix)")
     p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--compile", action="store_true", help="torch.compile the LM loss (about 1.15x per step on 2 CPU cores)")
     p.add_argument("--init-lm", type=Path, default=None,
                    help="continue training this checkpoint (the log is appended to)")
     p.add_argument("--caption-dropout", type=float, default=0.1)

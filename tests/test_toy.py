@@ -82,6 +82,25 @@ def test_training_mix_reweights_caption_kinds() -> None:
     assert abs(relational - SCENE_KIND_PROBS[2]) < 0.04  # the default (held-out) mix
 
 
+def test_eval_buckets_prompts_by_caption_kind() -> None:
+    """train_toy.py's per-kind pass counts: every held-out prompt lands in the bucket its caption asks for."""
+    from experiments.train_toy import caption_kind
+
+    kinds = {p.text: caption_kind(p.meta) for p in heldout_prompts(64)}
+    assert set(kinds.values()) == {"one object", "counted group", "and", "left of / right of", "above / below"}
+    for text, kind in kinds.items():
+        words = text.split()
+        if kind == "and":
+            assert "and" in words
+        elif kind == "left of / right of":
+            assert "left" in words or "right" in words
+        elif kind == "above / below":
+            assert "above" in words or "below" in words
+        else:
+            assert not {"and", "left", "right", "above", "below"} & set(words)
+            assert (words[0] == "a") == (kind == "one object")
+
+
 def test_tokenizer_round_trip(tokenizer: PatchTokenizer, heldout_images) -> None:
     _, images = heldout_images
     codes = tokenizer.encode(images)
@@ -183,7 +202,8 @@ def test_clip_loads_through_open_clip(tokenizer: PatchTokenizer, heldout_images)
 
 
 def test_training_script_trains_continues_and_saves(tmp_path) -> None:
-    """experiments/train_toy.py end to end on a tiny LM: log rows, a loadable checkpoint, a continued phase."""
+    """experiments/train_toy.py end to end on a tiny LM (compiled loss): log rows, a loadable checkpoint, a
+    continued phase."""
     import shutil
     import subprocess
     import sys
@@ -199,7 +219,7 @@ def test_training_script_trains_continues_and_saves(tmp_path) -> None:
             "--log", str(log), "--hidden", "32", "--layers", "1", "--heads", "2", "--batch", "2", "--phases", "4:1e-3",
             "--log-every", "2"]
     env = {**os.environ, "PYTHONPATH": str(repo)}
-    subprocess.run(base, check=True, env=env, capture_output=True, cwd=repo)
+    subprocess.run([*base, "--compile"], check=True, env=env, capture_output=True, cwd=repo)
     subprocess.run([*base, "--init-lm", str(tmp_path / "lm"), "--phases", "2:1e-3,2:5e-4:0/0/1/0"], check=True, env=env,
                    capture_output=True, cwd=repo)
     rows = [line.split(",") for line in log.read_text().splitlines()]
