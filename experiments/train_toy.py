@@ -129,7 +129,8 @@ def train_lm(args: argparse.Namespace, tokenizer: PatchTokenizer) -> None:
     if args.init_lm:
         model = LlamaForCausalLM.from_pretrained(str(args.init_lm))
     else:
-        model = LlamaForCausalLM(toy_lm_config(tokenizer.vocab_size, args.hidden, args.layers, args.heads))
+        model = LlamaForCausalLM(toy_lm_config(tokenizer.vocab_size, args.hidden, args.layers, args.heads,
+                                                 args.rope_theta))
     model.to(args.device)
     print(f"[lm] {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, batch {args.batch}", flush=True)
     log_path = args.log
@@ -329,6 +330,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--hidden", type=int, default=192)
     p.add_argument("--layers", type=int, default=6)
     p.add_argument("--heads", type=int, default=6)
+    p.add_argument("--rope-theta", type=float, default=10000.0,
+                   help="RoPE base of a new LM (1768 at head size 32: one frequency pair per 16-token image row)")
     p.add_argument("--phases", default=DEFAULT_PHASES,
                    help="LM phases, steps:peak_lr[:mix],... (batches of fresh scenes; mix = caption-kind weights "
                         "single/count/relation/and, default the held-out mix)")

@@ -219,7 +219,7 @@ def test_training_script_trains_continues_and_saves(tmp_path) -> None:
             "--log", str(log), "--hidden", "32", "--layers", "1", "--heads", "2", "--batch", "2", "--phases", "4:1e-3",
             "--log-every", "2"]
     env = {**os.environ, "PYTHONPATH": str(repo)}
-    subprocess.run([*base, "--compile"], check=True, env=env, capture_output=True, cwd=repo)
+    subprocess.run([*base, "--compile", "--rope-theta", "42"], check=True, env=env, capture_output=True, cwd=repo)
     subprocess.run([*base, "--init-lm", str(tmp_path / "lm"), "--phases", "2:1e-3,2:5e-4:0/0/1/0"], check=True, env=env,
                    capture_output=True, cwd=repo)
     rows = [line.split(",") for line in log.read_text().splitlines()]
@@ -228,3 +228,4 @@ def test_training_script_trains_continues_and_saves(tmp_path) -> None:
     assert all(0 < float(r[2]) < 10 for r in rows[1:])
     lm = load_toy_lm(tmp_path / "lm")
     assert lm.config.hidden_size == 32 and lm.config.num_hidden_layers == 1
+    assert lm.config.rope_parameters["rope_theta"] == 42

@@ -12,7 +12,8 @@ from csd.toy.vocab import N_TEXT, PAD_ID, PROMPT_LEN
 IMAGE_TOKENS = 256
 
 
-def toy_lm_config(codebook_size: int = 256, hidden: int = 128, layers: int = 4, heads: int = 4) -> LlamaConfig:
+def toy_lm_config(codebook_size: int = 256, hidden: int = 128, layers: int = 4, heads: int = 4,
+                  rope_theta: float = 10000.0) -> LlamaConfig:
     """Config of the toy LM: vocabulary = caption words then ``codebook_size`` image codes."""
     return LlamaConfig(
         vocab_size=N_TEXT + codebook_size,
@@ -22,7 +23,7 @@ def toy_lm_config(codebook_size: int = 256, hidden: int = 128, layers: int = 4, 
         num_attention_heads=heads,
         num_key_value_heads=heads,
         max_position_embeddings=PROMPT_LEN + IMAGE_TOKENS,
-        rope_theta=10000.0,
+        rope_theta=rope_theta,
         pad_token_id=PAD_ID,
         bos_token_id=1,
         eos_token_id=None,
