@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from csd.adapters.toy import DEFAULT_GUIDANCE
 from csd.toy import ASSETS
 from csd.toy.domain import SCENE_KIND_PROBS, render_batch, sample_spec, training_stream
-from csd.toy.model import IMAGE_TOKENS, toy_lm_config
+from csd.toy.model import IMAGE_TOKENS, ROPE_THETA, toy_lm_config
 from csd.toy.tokenizer import PatchTokenizer
 from csd.toy.vocab import N_TEXT, PROMPT_LEN, encode_caption
 
@@ -330,7 +330,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--hidden", type=int, default=192)
     p.add_argument("--layers", type=int, default=6)
     p.add_argument("--heads", type=int, default=6)
-    p.add_argument("--rope-theta", type=float, default=10000.0,
+    p.add_argument("--rope-theta", type=float, default=ROPE_THETA,
                    help="RoPE base of a new LM (1768 at head size 32: one frequency pair per 16-token image row)")
     p.add_argument("--phases", default=DEFAULT_PHASES,
                    help="LM phases, steps:peak_lr[:mix],... (batches of fresh scenes; mix = caption-kind weights "

@@ -10,10 +10,12 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from csd.toy.vocab import N_TEXT, PAD_ID, PROMPT_LEN
 
 IMAGE_TOKENS = 256
+#: RoPE base of the shipped LM (``train_toy.py --rope-theta`` changes it for a new one)
+ROPE_THETA = 10000.0
 
 
 def toy_lm_config(codebook_size: int = 256, hidden: int = 128, layers: int = 4, heads: int = 4,
-                  rope_theta: float = 10000.0) -> LlamaConfig:
+                  rope_theta: float = ROPE_THETA) -> LlamaConfig:
     """Config of the toy LM: vocabulary = caption words then ``codebook_size`` image codes."""
     return LlamaConfig(
         vocab_size=N_TEXT + codebook_size,
