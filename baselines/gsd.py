@@ -1,6 +1,6 @@
 """Grouped speculative decoding (So et al., ICCV 2025), as specified in ALGORITHMS.md.
 
-Rank the image vocabulary by the target ``q``; the group ``C(x)`` is ``x`` plus the ``G/2`` tokens on
+Rank the image vocabulary by the target ``q`` (ties by token index); the group ``C(x)`` is ``x`` plus the ``G/2`` tokens on
 each side of ``x`` in that ranking, keeping only tokens ``x'`` with ``|q(x') - q(x)| < prob_threshold``
 and ``||e(x') - e(x)||^2 < embed_threshold`` (``e``: the model's input embeddings of image tokens).
 Accept ``x`` with ``min(1, Q(C) / P(C))``; on rejection use the token-level residual.
@@ -33,7 +33,8 @@ class GSD(AcceptanceRule):
         if self.embeddings is None:
             raise RuntimeError("gsd: call setup(adapter) first (it needs the image-token embeddings)")
         vocab = target_probs.shape[-1]
-        order = torch.argsort(target_probs, dim=-1, descending=True)
+        # stable: tied q (e.g. the zeros outside a top-k) rank by token index, so groups are reproducible
+        order = torch.argsort(target_probs, dim=-1, descending=True, stable=True)
         rank_of = torch.argsort(order, dim=-1)
         rank_x = gather_token(rank_of, drafts)
         half = self.group_size // 2

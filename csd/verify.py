@@ -16,14 +16,23 @@ from csd.acceptance import AcceptanceRule, likelihood_ratio, lossless_residual
 
 
 def exponential_noise(shape: tuple[int, ...], generator: torch.Generator, device: torch.device) -> torch.Tensor:
-    """``E ~ Exp(1)`` i.i.d.; ``-log(U)`` with ``U`` in (0, 1]."""
+    """``E ~ Exp(1)`` i.i.d. as ``-log(1 - U)``, strictly positive.
+
+    ``torch.rand`` gives ``U`` in ``[0, 1)`` on a grid of ``2^-24``; ``U = 0`` would give ``E = 0``,
+    so the lowest grid cell is mapped to the smallest positive float instead (a point of the same
+    cell ``[0, 2^-24)`` that ``E`` stands for).
+    """
     u = torch.rand(shape, generator=generator, device=device)
-    return -torch.log1p(-u)  # u in [0, 1) -> 1 - u in (0, 1]
+    return (-torch.log1p(-u)).clamp_min(torch.finfo(u.dtype).tiny)
 
 
 def sample_race(probs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
-    """One categorical sample per row of ``probs [..., V]`` given ``noise ~ Exp(1)`` of the same shape."""
-    return torch.argmax(probs / noise, dim=-1)
+    """One categorical sample per row of ``probs [..., V]`` given ``noise ~ Exp(1)`` of the same shape.
+
+    ``argmax_v q(v) / E_v`` over the support only: a zero-probability entry scores ``-inf``, so it can
+    never win, whatever its noise (``0 / 0`` would be NaN, which ``argmax`` picks).
+    """
+    return torch.argmax(torch.where(probs > 0, probs / noise, float("-inf")), dim=-1)
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
