@@ -26,15 +26,15 @@ def select_columns(columns: torch.Tensor) -> Processor:
     return apply
 
 
-def classifier_free_guidance(scale: float, space: str = "logits") -> Processor:
+def classifier_free_guidance(scale: float) -> Processor:
     """``l = l_u + s (l_c - l_u)`` over rows ``[cond, uncond]`` -> one row.
 
-    ``space="logprobs"`` applies the same combination to log-softmax values (Emu3's convention).
+    Combining log-softmax values instead (Emu3's convention) gives the same ``q``: log-softmax shifts
+    each row by a constant ``c``, and ``(l_u - c_u) + s ((l_c - c_c) - (l_u - c_u))`` differs from the
+    above by the constant ``c_u + s (c_c - c_u)``, which the softmax (and top-k) ignore.
     """
 
     def apply(logits: torch.Tensor) -> torch.Tensor:
-        if space == "logprobs":
-            logits = torch.log_softmax(logits, dim=-1)
         cond, uncond = logits[0], logits[1]
         return uncond + scale * (cond - uncond)
 
@@ -75,7 +75,7 @@ class TargetPipeline:
         if raw_image_columns is not None:
             procs.append(select_columns(raw_image_columns))
         if sampling.guidance_scale != 1.0:
-            procs.append(classifier_free_guidance(sampling.guidance_scale, sampling.cfg_space))
+            procs.append(classifier_free_guidance(sampling.guidance_scale))
         else:
             procs.append(single_row)
         if sampling.top_k > 0:

@@ -48,7 +48,6 @@ def test_layout_and_prompt():
     vocab = a.model.config.vocabulary_map
     eol, eof, eoi = vocab["<|extra_200|>"], vocab["<|extra_201|>"], vocab["<|image end|>"]
     assert a.layout.forced_ids.tolist() == ([-1] * 3 + [eol]) * 2 + [eof, eoi]
-    assert a.sampling.cfg_space == "logprobs"
     assert sorted(a.image_token_ids.tolist()) != a.image_token_ids.tolist()  # a lookup, not an offset
     cond, neg = a.prompt_rows(PROMPT)
     assert cond[-1] == vocab["<|image token|>"] and neg[-1] == vocab["<|image token|>"]

@@ -30,14 +30,13 @@ import torch
 class SamplingConfig:
     """How raw logits become the target distribution ``q`` (CFG, image-token selection, top-k, temperature).
 
-    ``guidance_scale`` s: ``l = l_u + s (l_c - l_u)`` (``cfg_space="logits"``) or the same on
-    log-softmax values (``"logprobs"``, Emu3). ``top_k = 0`` keeps the full vocabulary.
+    ``guidance_scale`` s: ``l = l_u + s (l_c - l_u)`` on raw logits (the same ``q`` as on log-softmax
+    values, see :func:`csd.processors.classifier_free_guidance`). ``top_k = 0`` keeps the full vocabulary.
     """
 
     guidance_scale: float = 1.0
     top_k: int = 0
     temperature: float = 1.0
-    cfg_space: str = "logits"
 
 
 @dataclass(frozen=True)
@@ -135,7 +134,6 @@ class ModelAdapter(ABC):
             "guidance_scale": self.sampling.guidance_scale,
             "top_k": self.sampling.top_k,
             "temperature": self.sampling.temperature,
-            "cfg_space": self.sampling.cfg_space,
         }
 
 

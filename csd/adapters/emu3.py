@@ -5,8 +5,8 @@
 * Body: ``H`` rows of (``W`` visual tokens + EOL ``<|extra_200|>``), then ``<|extra_201|>`` (end of frame)
   and ``<|image end|>``. EOL / end tokens are forced positions; visual token ids map to VQ codes through
   ``vocabulary_mapping`` (a lookup).
-* CFG 3 with a *negative prompt* (same image header) as the unconditional branch, combined on
-  log-softmax values (``cfg_space="logprobs"``), top-k 2048. Both branches share one left-padded
+* CFG 3 with a *negative prompt* (same image header) as the unconditional branch, top-k 2048. The
+  original combines log-softmax values; combining raw logits gives the same ``q`` (a per-row constant). Both branches share one left-padded
   batch (``PaddedCFGAdapter``), whichever prompt is shorter gets the padding.
 * Pixels: ``model.decode_image_tokens`` (HF's Emu3 VQ decoder; values in about [-1, 1]).
 
@@ -125,7 +125,7 @@ def load_emu3_adapter(
         tok.eos_token_id,
     )
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-    sampling = SamplingConfig(guidance_scale=guidance_scale, top_k=top_k or 0, temperature=temperature, cfg_space="logprobs")
+    sampling = SamplingConfig(guidance_scale=guidance_scale, top_k=top_k or 0, temperature=temperature)
     return Emu3Adapter(
         model.to(device), encode, grid, end_ids, pad, sampling, positive_suffix, negative_prompt, jacobi_tail
     )
@@ -185,6 +185,6 @@ def tiny_emu3_adapter(
         return torch.tensor([TINY_BOS, *(TINY_BYTE0 + b for b in text.encode()), *header], dtype=torch.long)
 
     end_ids = (vocab["<|extra_201|>"], vocab["<|image end|>"], TINY_EOS)
-    sampling = SamplingConfig(guidance_scale=guidance_scale, top_k=top_k or 0, temperature=temperature, cfg_space="logprobs")
+    sampling = SamplingConfig(guidance_scale=guidance_scale, top_k=top_k or 0, temperature=temperature)
     model = model.to(device=device, dtype=resolve_dtype(dtype))
     return Emu3Adapter(model, encode, (rows, cols), end_ids, TINY_PAD, sampling, "", negative_prompt, jacobi_tail)
