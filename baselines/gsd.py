@@ -1,4 +1,4 @@
-"""Grouped speculative decoding (So et al., ICCV 2025), as specified in ALGORITHMS.md.
+"""Grouped speculative decoding (So et al., ICCV 2025), as specified in docs/ALGORITHMS.md.
 
 Rank the image vocabulary by the target ``q`` (ties by token index); the group ``C(x)`` is ``x`` plus the ``G/2`` tokens on
 each side of ``x`` in that ranking, keeping only tokens ``x'`` with ``|q(x') - q(x)| < prob_threshold``

@@ -1,4 +1,4 @@
-"""LANTERN (Jang et al., ICLR 2025): relaxed acceptance over latent neighbourhoods (ALGORITHMS.md).
+"""LANTERN (Jang et al., ICLR 2025): relaxed acceptance over latent neighbourhoods (docs/ALGORITHMS.md).
 
 Neighbours ``n_1(x), n_2(x), ...`` of ``x`` are sorted by L2 distance between VQ codebook vectors
 (precomputed once per model). With ``s_j`` the cumulative target mass of the first ``j`` neighbours

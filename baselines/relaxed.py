@@ -1,4 +1,4 @@
-"""Content-agnostic relaxations of the SJD acceptance (ALGORITHMS.md table): Addition and Amplify.
+"""Content-agnostic relaxations of the SJD acceptance (docs/ALGORITHMS.md table): Addition and Amplify.
 
 Both keep the lossless residual ``norm([q - p]_+)``.
 """

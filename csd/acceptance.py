@@ -1,4 +1,4 @@
-"""Acceptance rules: the pluggable part of speculative Jacobi decoding (ALGORITHMS.md, "Acceptance rules").
+"""Acceptance rules: the pluggable part of speculative Jacobi decoding (docs/ALGORITHMS.md, "Acceptance rules").
 
 A rule maps, for every verified window position, the processed target distribution ``q``
 (``target_probs``), the distribution the draft was actually sampled from ``p`` (``draft_probs``) and

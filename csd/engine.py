@@ -1,4 +1,4 @@
-"""The speculative Jacobi engine (ALGORITHMS.md, "Speculative Jacobi decoding (SJD) — the shared engine").
+"""The speculative Jacobi engine (docs/ALGORITHMS.md, "The engine loop").
 
 State between iterations: ``n`` committed body tokens (the cache holds the prompt and all of them
 except the last, which is the next window's anchor) and the carried drafts with their recorded
@@ -125,7 +125,7 @@ class JacobiEngine:
         stats = torch.zeros(len(STAT_KEYS), dtype=torch.long, device=device)
         carried = torch.zeros(0, dtype=torch.long, device=device)
         carried_probs = torch.zeros((0, vocab), dtype=torch.float32, device=device)
-        # Gumbel sharing (ALGORITHMS.md "Drafting variants"): y_n = argmax q_n / E_n with E_n fixed per
+        # Gumbel sharing (docs/ALGORITHMS.md "Drafting variants"): y_n = argmax q_n / E_n with E_n fixed per
         # body position until n is committed; lossless because E_n is independent of everything that
         # decides whether its draft is accepted (the uniforms and residual noise are drawn separately)
         shared = exponential_noise((length, vocab), gen, device) if self.coupling == "gumbel" else None

@@ -1,4 +1,4 @@
-"""The fast decoding path: a reusable ``transformers.StaticCache`` and a compiled decode step (PERFORMANCE.md).
+"""The fast decoding path: a reusable ``transformers.StaticCache`` and a compiled decode step (docs/PERFORMANCE.md).
 
 Eager decoding with a ``DynamicCache`` is bound by Python and kernel launches, not by the GPU. The
 fast path keeps every decode forward at one of two fixed shapes (``q = 1`` and ``q = L``: the engine
@@ -27,7 +27,7 @@ from transformers.cache_utils import StaticLayer
 log = logging.getLogger(__name__)
 
 #: transformers versions whose ``StaticLayer.cumulative_length`` (an internal attribute) we roll back:
-#: tested with 5.24.0 (this repo's pin); PERFORMANCE.md's measurements used the same attribute on 5.17
+#: tested with 5.24.0 (this repo's pin); docs/PERFORMANCE.md's measurements used the same attribute on 5.17
 TESTED_TRANSFORMERS = (Version("5.17"), Version("5.25.dev0"))
 #: default room after the prompt and the image body for the last window's (padded) rows
 WINDOW_RESERVE = 64

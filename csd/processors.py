@@ -1,6 +1,6 @@
 """Logits -> target distribution ``q``: the one processing pipeline shared by AR and every method.
 
-ALGORITHMS.md, "Notation": ``q`` is the model's logits after CFG, the image-token mask, top-k and
+docs/ALGORITHMS.md, "Notation": ``q`` is the model's logits after CFG, the image-token mask, top-k and
 temperature, then softmax. Every acceptance rule sees this processed distribution, and AR samples
 from exactly the same ``q``. Each processor is a small function of a tensor, in the spirit of
 transformers' ``LogitsProcessor`` list.

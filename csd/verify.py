@@ -1,4 +1,4 @@
-"""Vectorised verification of one Jacobi window (ALGORITHMS.md, SJD steps 3-5) and host-sync-free sampling.
+"""Vectorised verification of one Jacobi window (docs/ALGORITHMS.md, "The engine loop", steps 4-5) and host-sync-free sampling.
 
 Everything here is tensors in, tensors out, batched over a leading dimension ``B``, with no
 ``.item()`` and no ``torch.multinomial``: categorical samples use the exponential race
@@ -128,7 +128,7 @@ def verify_window(
 def couple_drafts(
     target_probs: torch.Tensor, drafts: torch.Tensor, draft_probs: torch.Tensor, generator: torch.Generator
 ) -> torch.Tensor:
-    """Maximal coupling of each old draft with its new target (MC-SJD's refresh, ALGORITHMS.md "Drafting variants").
+    """Maximal coupling of each old draft with its new target (MC-SJD's refresh, docs/ALGORITHMS.md "Drafting variants").
 
     Keep ``x`` with probability ``min(1, q(x)/p(x))``, else draw from ``norm([q - p]_+)``: the result is
     distributed as ``q`` and equals the old draft as often as possible. Shapes ``[..., V]`` / ``[...]``.

@@ -1,4 +1,4 @@
-"""Latency benchmark of the decoding paths (PERFORMANCE.md): eager DynamicCache, eager StaticCache, compiled.
+"""Latency benchmark of the decoding paths (docs/PERFORMANCE.md): eager DynamicCache, eager StaticCache, compiled.
 
 Measures, for one Janus-Pro model config:
 

@@ -1,4 +1,4 @@
-"""Single-step maths of every acceptance rule (ALGORITHMS.md).
+"""Single-step maths of every acceptance rule (docs/ALGORITHMS.md).
 
 For one draft ``x ~ p`` judged against ``q``, the committed token must follow
 ``P(y) = p(y) b(y) + sum_x p(x) (1 - b(x)) r_x(y)`` (``r_x = norm([q - p]_+)`` for every rule but

@@ -1,7 +1,7 @@
 """The model adapter interface: everything the decoding engine needs from a target model.
 
 The engine (``csd.engine``) knows nothing about Janus, Lumina-mGPT or the toy model; an adapter knows
-nothing about acceptance rules. The contract, in the vocabulary of ALGORITHMS.md:
+nothing about acceptance rules. The contract, in the vocabulary of docs/ALGORITHMS.md:
 
 * The image is a **body** of ``layout.length`` positions. A position is either *free* (its token is
   sampled from the image vocabulary of ``vocab_size`` codes) or *forced* (a deterministic structural

@@ -1,4 +1,4 @@
-"""Emu3-Gen on ``transformers.Emu3ForConditionalGeneration`` (MODELS.md, "Emu3").
+"""Emu3-Gen on ``transformers.Emu3ForConditionalGeneration`` (docs/MODELS.md, "Emu3-Gen").
 
 * Prompt (``Emu3Processor(..., return_for_image_generation=True)``): BOS + caption + positive suffix +
   ``<|image start|>{H}*{W}<|image token|>``; 720x720 px = 90x90 visual tokens (8 px each).

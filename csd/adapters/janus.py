@@ -1,4 +1,4 @@
-"""Janus-Pro on ``transformers.JanusForConditionalGeneration`` (MODELS.md, "Janus-Pro 1B / 7B").
+"""Janus-Pro on ``transformers.JanusForConditionalGeneration`` (docs/MODELS.md, "Janus-Pro 1B / 7B").
 
 Image tokens are driven through ``model.model.language_model`` + ``model.model.generation_head``
 (never ``model(...)``, whose forward applies the *text* head). Sampled codes are fed back with
@@ -169,7 +169,7 @@ def tiny_byte_encoder(caption: str) -> torch.Tensor:
 
 
 def tiny_janus_config(grid: int = 8, codebook: int = 64, hidden: int = 32, layers: int = 2) -> JanusConfig:
-    """A Janus config small enough for CPU tests (constraints from MODELS.md)."""
+    """A Janus config small enough for CPU tests (constraints from docs/MODELS.md)."""
     return JanusConfig(
         text_config=dict(
             model_type="llama", vocab_size=TINY_BYTE0 + 256, hidden_size=hidden, intermediate_size=2 * hidden,

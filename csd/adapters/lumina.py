@@ -1,4 +1,4 @@
-"""Lumina-mGPT 7B on ``transformers.ChameleonForConditionalGeneration`` (MODELS.md, "Lumina-mGPT 7B").
+"""Lumina-mGPT 7B on ``transformers.ChameleonForConditionalGeneration`` (docs/MODELS.md, "Lumina-mGPT 7B").
 
 * Logits: ``model.model(...)`` then ``model.lm_head`` — never ``model(...)``, whose forward sets every
   image-token logit to the dtype minimum. The logits keep the full vocabulary; ``raw_image_columns``
@@ -122,7 +122,7 @@ class PaddedCFGAdapter(ModelAdapter):
 
 @dataclass(frozen=True)
 class ChameleonTokens:
-    """Structural token ids of Lumina-mGPT's image format (defaults: the released tokenizer, MODELS.md)."""
+    """Structural token ids of Lumina-mGPT's image format (defaults: the released tokenizer, docs/MODELS.md)."""
 
     bos: int = 0
     pad: int = 1

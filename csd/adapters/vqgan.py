@@ -1,4 +1,4 @@
-"""The Chameleon / Lumina-mGPT VQGAN *decoder* (MODELS.md, "Lumina-mGPT 7B — Chameleon in transformers").
+"""The Chameleon / Lumina-mGPT VQGAN *decoder* (docs/MODELS.md, "Lumina-mGPT 7B (Chameleon)").
 
 transformers ships only the encoder half of Chameleon's VQ model, so the decoder is written here. It
 is Meta's taming-style VQGAN (``vqgan.yaml`` + ``vqgan.ckpt``): codebook lookup (no L2 norm) ->

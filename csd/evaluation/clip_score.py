@@ -1,4 +1,4 @@
-"""CLIP score with open-clip-torch: ``100 * max(cos(image, text), 0)`` per image (EVALUATION.md)."""
+"""CLIP score with open-clip-torch: ``100 * max(cos(image, text), 0)`` per image (docs/EVALUATION.md)."""
 
 from __future__ import annotations
 

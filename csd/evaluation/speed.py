@@ -1,4 +1,4 @@
-"""Speed and acceptance metrics from the per-image records (EVALUATION.md definitions)."""
+"""Speed and acceptance metrics from the per-image records (docs/EVALUATION.md definitions)."""
 
 from __future__ import annotations
 
