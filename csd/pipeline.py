@@ -17,6 +17,7 @@ from csd.config import build_adapter, build_rule, load_prompts, method_params, r
 from csd.engine import Generation, JacobiEngine, synchronize
 from csd.prompts import Prompt
 from csd.records import ImageRecord, RecordWriter, image_name
+from csd.rundir import check_fingerprint, generate_lock
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +38,7 @@ def write_run_info(run_dir: Path, cfg: DictConfig, params: dict, model_info: dic
         "dataset": cfg.dataset.name,
         "seed": cfg.seed,
         "n_images": n_images,
+        "threads": cfg.get("threads"),
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version()},
     }
     (run_dir / "run.json").write_text(json.dumps(info, indent=2))
@@ -71,14 +73,37 @@ def make_record(
     )
 
 
+class GenerationInterrupted(KeyboardInterrupt):
+    """Ctrl-C in the generate stage; the message says how many images are saved (every finished one is)."""
+
+
 def generate_run(cfg: DictConfig) -> Path:
-    """Generate every (prompt, sample) of the dataset not yet in ``cfg.run_dir`` (resume-safe)."""
+    """Generate every (prompt, sample) of the dataset not yet in ``cfg.run_dir`` (resume-safe).
+
+    Holds the directory's lock and checks its fingerprint (csd.rundir) before the model loads, so a
+    second writer or a resume with other settings is refused without adding a record.
+    """
     validate(cfg)
     prompts = load_prompts(cfg.dataset)
+    run_dir = Path(cfg.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with generate_lock(run_dir):
+        check_fingerprint(run_dir, cfg, prompts)
+        writer = RecordWriter(run_dir)
+        try:
+            generate_missing(cfg, prompts, writer)
+        except KeyboardInterrupt:
+            keys = [(p.prompt_id, s) for p in prompts for s in range(cfg.dataset.samples_per_prompt)]
+            saved = sum(k in writer.done for k in keys)
+            raise GenerationInterrupted(f"{saved} of {len(keys)} images saved in {run_dir}") from None
+    return run_dir
+
+
+def generate_missing(cfg: DictConfig, prompts: list[Prompt], writer: RecordWriter) -> None:
+    """Load the model and generate the images ``writer`` does not have yet."""
     rule = build_rule(cfg.method)
     params = method_params(cfg.method)
-    run_dir = Path(cfg.run_dir)
-    writer = RecordWriter(run_dir)
+    run_dir = writer.run_dir
     todo = [
         (index, prompt, sample)
         for index, prompt in enumerate(prompts)
@@ -88,7 +113,7 @@ def generate_run(cfg: DictConfig) -> Path:
     n_images = len(prompts) * cfg.dataset.samples_per_prompt
     if not todo:
         log.info("%s: all %d images already generated", run_dir, n_images)
-        return run_dir
+        return
     device = resolve_device(cfg.device)
     adapter = build_adapter(cfg.model, device, cfg.engine)
     write_run_info(run_dir, cfg, params, adapter.describe(), n_images)
@@ -106,4 +131,3 @@ def generate_run(cfg: DictConfig) -> Path:
         synchronize(device)
         vq_s = time.perf_counter() - start
         writer.write(make_record(cfg, params, prompt, index, sample, gen, vq_s, adapter.layout.grid), image)
-    return run_dir

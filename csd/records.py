@@ -8,15 +8,20 @@ Layout of a run directory (everything later stages read; they never touch engine
       records.jsonl      one JSON object per finished image (fields: see ImageRecord)
       images/<prompt_id>_s<sample>.png
       metrics.json       written by the evaluate stage
+      fingerprint.json   what determines the images (csd.rundir); a resume with other values is refused
+      .lock              held by the process generating into the directory (csd.lockfile)
+      records.rejected.jsonl  record lines a resume could not use (unreadable, duplicate, image missing)
 
 A record line is written with a single ``write`` + ``fsync`` after its PNG is in place, so an
 interrupted run leaves at most one incomplete trailing line, which :func:`load_records` drops (and
-:class:`RecordWriter` truncates away before appending).
+:class:`RecordWriter` truncates away before appending). Any other unreadable line is an error for
+readers; a resume moves it to ``records.rejected.jsonl`` and regenerates its image.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -25,8 +30,18 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+log = logging.getLogger(__name__)
 RECORDS_FILE = "records.jsonl"
+REJECTED_FILE = "records.rejected.jsonl"
 IMAGES_DIR = "images"
+#: record fields resume and evaluation cannot do without
+KEY_FIELDS = ("prompt_id", "sample", "image")
+#: why a resume sets a record line aside, and what happens to its image
+REJECT_KINDS = {
+    "unreadable": "unreadable; their images will be generated again",
+    "image missing": "records whose image file is missing or unreadable; their images will be generated again",
+    "repeated": "repeats of an image already recorded (the first record of each is kept)",
+}
 
 #: values of ``ImageRecord.commit_kind``: how each body position was committed
 COMMIT_SAMPLED, COMMIT_ACCEPTED, COMMIT_RELAXED, COMMIT_FORCED = 0, 1, 2, 3
@@ -83,28 +98,96 @@ def image_name(prompt_id: str, sample: int) -> str:
     return f"{IMAGES_DIR}/{prompt_id}_s{sample}.png"
 
 
-def load_records(run_dir: str | Path) -> list[dict[str, Any]]:
-    """All complete records of a run (an incomplete trailing line from a crash is ignored)."""
-    path = Path(run_dir) / RECORDS_FILE
+class RecordsError(ValueError):
+    """``records.jsonl`` cannot be used as it is; the message names the file, the line and what is wrong."""
+
+
+def complete_lines(path: Path) -> list[bytes]:
+    """The newline-terminated lines of ``path`` (an incomplete trailing line from a crash is left out)."""
     if not path.exists():
         return []
+    return [line + b"\n" for line in path.read_bytes().split(b"\n")[:-1]]  # not splitlines: it also splits at "\r"
+
+
+def parse_record(line: bytes) -> dict[str, Any]:
+    """One record line as a dict; ``ValueError`` saying why if it is not one."""
+    try:
+        record = json.loads(line)
+    except ValueError as err:  # JSONDecodeError and UnicodeDecodeError
+        raise ValueError(f"not a JSON record ({err})") from None
+    if not isinstance(record, dict):
+        raise ValueError(f"not a JSON record (a {type(record).__name__})")
+    missing = [k for k in KEY_FIELDS if k not in record]
+    if missing:
+        raise ValueError(f"not a JSON record (no {', '.join(missing)})")
+    return record
+
+
+def load_records(run_dir: str | Path) -> list[dict[str, Any]]:
+    """All complete records of a run (an incomplete trailing line from a crash is ignored).
+
+    Raises :class:`RecordsError` naming ``file:line`` for any other unreadable line.
+    """
+    path = Path(run_dir) / RECORDS_FILE
     out = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            if line.endswith("\n"):
-                out.append(json.loads(line))
+    for number, line in enumerate(complete_lines(path), 1):
+        try:
+            out.append(parse_record(line))
+        except ValueError as err:
+            raise RecordsError(f"{path}:{number}: {err}; resume the run (stage=generate) to set it aside and redo its image") from None
     return out
 
 
+def check_records_match(records: list[dict[str, Any]], info: dict[str, Any], path: Path) -> None:
+    """Refuse records that run.json does not describe (other method, model or method_params) or that repeat
+    an image: metrics over them would mix two configurations. ``records[i]`` is line ``i + 1`` of ``path``."""
+    first_line: dict[tuple[str, int], int] = {}
+    for number, record in enumerate(records, 1):
+        key = (record["prompt_id"], record["sample"])
+        if key in first_line:
+            raise RecordsError(
+                f"{path}:{number}: second record of {key[0]} sample {key[1]} (first on line {first_line[key]}); "
+                "resume the run (stage=generate) to set it aside"
+            )
+        first_line[key] = number
+        for field in ("method", "model", "method_params"):
+            ours, theirs = record.get(field), info.get(field)
+            if ours == theirs:
+                continue
+            if isinstance(ours, dict) and isinstance(theirs, dict):
+                sub = sorted(k for k in ours.keys() | theirs.keys() if ours.get(k) != theirs.get(k))[0]
+                field, ours, theirs = f"{field}.{sub}", ours.get(sub), theirs.get(sub)
+            raise RecordsError(
+                f"{path}:{number}: {key[0]} sample {key[1]} has {field}={ours!r} but run.json says {theirs!r}; "
+                "metrics would mix two configurations"
+            )
+
+
+def image_readable(path: Path) -> bool:
+    """Whether ``path`` exists and PIL can verify it (a deleted or truncated PNG is not)."""
+    try:
+        with Image.open(path) as image:
+            image.verify()
+    except (OSError, SyntaxError, ValueError):  # PIL reports broken files with any of these
+        return False
+    return True
+
+
 class RecordWriter:
-    """Appends records and images to a run directory; knows which (prompt, sample) pairs are done."""
+    """Appends records and images to a run directory; knows which (prompt, sample) pairs are done.
+
+    On opening an existing directory, record lines that cannot be used are moved to
+    ``records.rejected.jsonl`` (so their images are generated again): unreadable lines, records whose
+    image is missing or unreadable, and repeats of an image already recorded. Readable records are
+    never dropped: they stay in ``records.jsonl`` or move to the rejected file.
+    """
 
     def __init__(self, run_dir: str | Path) -> None:
         self.run_dir = Path(run_dir)
         (self.run_dir / IMAGES_DIR).mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / RECORDS_FILE
         self._drop_incomplete_tail()
-        self.done = {(r["prompt_id"], r["sample"]) for r in load_records(self.run_dir)}
+        self.done = self._set_aside_unusable()
 
     def _drop_incomplete_tail(self) -> None:
         if not self.path.exists():
@@ -114,6 +197,44 @@ class RecordWriter:
         if keep != len(data):
             with open(self.path, "r+b") as f:
                 f.truncate(keep)
+
+    def _set_aside_unusable(self) -> set[tuple[str, int]]:
+        """Move unusable lines to the rejected file (then rewrite records.jsonl atomically); the usable keys."""
+        kept: list[bytes] = []
+        done: dict[tuple[str, int], int] = {}
+        rejected: list[tuple[str, int, bytes, str]] = []  # (kind, line number, line, reason)
+        for number, line in enumerate(complete_lines(self.path), 1):
+            try:
+                record = parse_record(line)
+            except ValueError as err:
+                rejected.append(("unreadable", number, line, str(err)))
+                continue
+            key = (record["prompt_id"], record["sample"])
+            if key in done:
+                rejected.append(("repeated", number, line, f"repeats line {done[key]}"))
+            elif not image_readable(self.run_dir / record["image"]):
+                rejected.append(("image missing", number, line, f"{record['image']} missing or unreadable"))
+            else:
+                done[key] = number
+                kept.append(line)
+        if not rejected:
+            return set(done)
+        with open(self.run_dir / REJECTED_FILE, "a", encoding="utf-8") as f:
+            for _, number, line, reason in rejected:
+                f.write(json.dumps({"line": number, "reason": reason, "text": line.decode("utf-8", "replace")}) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        tmp = self.path.with_suffix(".jsonl.tmp")
+        with open(tmp, "wb") as f:
+            f.writelines(kept)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+        for kind, what in REJECT_KINDS.items():
+            numbers = [str(number) for k, number, _, _ in rejected if k == kind]
+            if numbers:
+                log.warning("%s: line(s) %s moved to %s: %s", self.path, ", ".join(numbers), REJECTED_FILE, what)
+        return set(done)
 
     def write(self, record: ImageRecord, image: np.ndarray) -> None:
         """Save the PNG (atomically), then append the record line in one write."""

@@ -119,7 +119,7 @@ def test_generate_writes_records_and_resumes(tmp_path):
     lines = path.read_text().splitlines(keepends=True)
     path.write_text(lines[0] + lines[1][: len(lines[1]) // 2])
     with open_dict(cfg):
-        cfg.dataset.n_prompts = 3
+        cfg.dataset.n_prompts = 3  # a longer prompt list extends the run (a shorter or other one is refused)
     generate_run(cfg)
     again = load_records(tmp_path)
     assert [r["prompt_id"] for r in again] == ["smoke-000", "smoke-001", "smoke-002"]

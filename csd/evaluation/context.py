@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from csd.records import load_records
+from csd.records import RECORDS_FILE, check_records_match, load_records
 
 
 class NotApplicable(Exception):
@@ -44,6 +44,7 @@ class EvalContext:
 
     @classmethod
     def load(cls, run_dir: str | Path, eval_cfg: DictConfig, device: str = "auto") -> EvalContext:
+        """Read ``run.json`` and the records, refusing records that ``run.json`` does not describe."""
         run_dir = Path(run_dir)
         info_path = run_dir / "run.json"
         if not info_path.exists():
@@ -51,8 +52,10 @@ class EvalContext:
         records = load_records(run_dir)
         if not records:
             raise FileNotFoundError(f"no records in {run_dir}: run stage=generate first")
+        info = json.loads(info_path.read_text())
+        check_records_match(records, info, run_dir / RECORDS_FILE)
         dev = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
-        return cls(run_dir, json.loads(info_path.read_text()), records, eval_cfg, torch.device(dev))
+        return cls(run_dir, info, records, eval_cfg, torch.device(dev))
 
     @cached_property
     def run_config(self) -> DictConfig:
