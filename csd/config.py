@@ -1,9 +1,17 @@
-"""Config validation and builders: every bad value is reported, with the allowed ones, before any model loads."""
+"""Config validation and builders: every bad value is reported, with the allowed ones, before any model loads.
+
+Every key of ``conf/`` has an entry in :data:`SCHEMA` (a test enforces it); :func:`validate` checks
+each value of the composed config against it and warns about keys nothing reads.
+"""
 
 from __future__ import annotations
 
+import ast
+import functools
 import inspect
 import logging
+import weakref
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +23,7 @@ from csd.acceptance import ENTROPY_NORMS, AcceptanceRule
 from csd.adapters.base import ModelAdapter
 from csd.engine import COUPLINGS, INIT_SCHEMES
 from csd.prompts import Prompt
+from csd.schema import Bool, ByTarget, Choice, Device, Float, Group, Int, IntList, Spec, Str, StrList, StrMap
 
 log = logging.getLogger(__name__)
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
@@ -28,8 +37,117 @@ class ConfigError(ValueError):
 
 
 def choices(group: str) -> list[str]:
-    """The options of a config group (files in ``conf/<group>/``, private ``_*.yaml`` excluded)."""
-    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml") if not p.stem.startswith("_"))
+    """The options of a config group (the files in ``conf/<group>/``)."""
+    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+
+
+@functools.cache
+def metric_names() -> list[str]:
+    """The keys of ``csd.evaluation.metrics.METRICS``, read from its source: importing it loads open_clip
+    and torchmetrics (~5 s), too slow for a check that also runs in the notebook API."""
+    source = Path(__file__).resolve().parent / "evaluation" / "metrics.py"
+    tree = ast.parse(source.read_text(encoding="utf-8"))
+    registry = next(n for n in tree.body if isinstance(n, ast.AnnAssign) and ast.unparse(n.target) == "METRICS")
+    return sorted(ast.literal_eval(key) for key in registry.value.keys)
+
+
+#: what null means for a key every method carries but only some use (method_keys.yaml)
+UNSET = "for the method's default"
+
+#: every key of ``conf/``: ``group.key`` (nested: ``eval.fid.resize``) -> its allowed values
+SCHEMA: dict[str, Spec | ByTarget] = {
+    # conf/config.yaml
+    "stage": Choice(options=STAGES),
+    "seed": Int(min=0),
+    "device": Device(),
+    "threads": Int(min=1, null="for torch's default"),
+    "run_dir": Str(null=""),
+    "sweep_dir": Str(null=""),
+    # conf/method_keys.yaml, conf/method/*.yaml
+    "method.name": Group(group="method", options=choices),
+    "method._target_": Str(),
+    "method.window": Int(min=1),
+    "method.init": Choice(options=INIT_SCHEMES),
+    "method.coupling": Choice(options=COUPLINGS),
+    "method.lam": Float(min=0, null=UNSET),
+    "method.delta": Float(min=0, max=1, null=UNSET),
+    "method.entropy_norm": Choice(options=ENTROPY_NORMS, null=UNSET),
+    "method.c": Float(min=0, null=UNSET),
+    "method.k": ByTarget(Float(min=1, null=UNSET), {"baselines.lantern.Lantern": Int(min=1, null=UNSET)}),
+    "method.group_size": Int(min=0, null=UNSET),
+    "method.prob_threshold": Float(min=0, max=1, null=UNSET),
+    "method.embed_threshold": Float(min=0, null=UNSET),
+    # conf/model/*.yaml
+    "model.name": Group(group="model", options=choices),
+    "model._target_": Str(),
+    "model.path": Str(),
+    "model.dtype": Choice(options=("float32", "bfloat16", "float16")),
+    "model.guidance_scale": Float(gt=0),
+    "model.top_k": Int(min=1, null="for no top-k"),
+    "model.temperature": Float(gt=0),
+    "model.random_init": Bool(),
+    "model.grid": ByTarget(IntList(length=2, min=1), {"csd.adapters.janus.tiny_janus_adapter": Int(min=1)}),
+    "model.codebook": Int(min=1),
+    "model.codes": Int(min=1),
+    "model.seed": Int(min=0),
+    "model.head_scale": Float(gt=0),
+    "model.vqgan_config": Str(),
+    "model.vqgan_ckpt": Str(),
+    "model.resolution": Int(min=16),
+    "model.jacobi_tail": Int(min=0),
+    "model.ratio": Str(),
+    "model.image_area": Int(min=1),
+    "model.positive_suffix": Str(),
+    "model.negative_prompt": Str(),
+    # conf/dataset/*.yaml
+    "dataset.name": Group(group="dataset", options=choices),
+    "dataset._target_": Str(),
+    "dataset.annotations": Str(),
+    "dataset.metadata": Str(),
+    "dataset.n_prompts": Int(min=1, null="for all prompts"),
+    "dataset.samples_per_prompt": Int(min=1),
+    "dataset.fid_reference": Str(null="for none"),
+    "dataset.split": Choice(options=("heldout", "train")),
+    # conf/engine/*.yaml
+    "engine.compile": Bool(),
+    "engine.max_cache_len": Int(min=1, null="for prompt + body + 64"),
+    "engine.progress": Bool(),
+    "engine.warmup": Int(min=0),
+    # conf/eval/*.yaml
+    "eval.metrics": StrList(names=metric_names, what="metric"),
+    "eval.strict": Bool(),
+    "eval.batch_size": Int(min=1),
+    "eval.clip.model": Str(),
+    "eval.clip.pretrained": Str(),
+    "eval.clip.model_config": Str(null=""),
+    "eval.fid.reference_dir": Str(null="for dataset.fid_reference"),
+    "eval.fid.paired": Bool(),
+    "eval.fid.resize": Int(min=1, null="for no resize"),
+    "eval.fid.center_crop": Int(min=1, null="for no crop"),
+    "eval.fid.feature": Choice(options=(64, 192, 768, 2048)),
+    "eval.fid.inception_weights": Str(null=""),
+    "eval.fid.cache_dir": Str(),
+    "eval.content.entropy_bins": Int(min=1),
+    "eval.toy.models": StrList(),
+    "eval.toy.metrics": StrList(names=metric_names, what="metric"),
+    "eval.toy.render": Str(),
+    "eval.toy.scene_key": Str(null=""),
+    "eval.toy.categories": StrList(),
+    "eval.toy.only_if": StrMap(),
+    "eval.report.out_dir": Str(null=""),
+    "eval.report.extra_runs": StrList(),
+    "eval.report.pareto_x": StrList(),
+    "eval.report.pareto_y": StrList(),
+    # conf/logger/*.yaml
+    "logger.name": Group(group="logger", options=choices),
+    "logger.mode": Choice(options=("offline", "online", "disabled")),
+    "logger.project": Str(),
+    "logger.entity": Str(null=""),
+    "logger.group": Str(null=""),
+    "logger.tags": StrList(),
+    "logger.dir": Str(null=""),
+    "logger.max_images": Int(min=0),
+}
 
 
 def _check(ok: bool, message: str) -> None:
@@ -37,67 +155,78 @@ def _check(ok: bool, message: str) -> None:
         raise ConfigError(message)
 
 
-def _rule_params(method: DictConfig) -> tuple[type[AcceptanceRule], dict[str, Any]]:
-    """The rule class and the (non-null) hyper-parameters it accepts; warns about ignored sweep keys."""
+def _leaves(node: DictConfig, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """(dotted key, value) of every value of the config; a schema key is a leaf even if it holds a mapping."""
+    for key in node:
+        path, value = f"{prefix}{key}", node[key]
+        if isinstance(value, DictConfig) and path not in SCHEMA:
+            yield from _leaves(value, f"{path}.")
+        else:
+            yield path, value
+
+
+def _rule_params(method: DictConfig) -> tuple[type[AcceptanceRule], dict[str, Any], list[str]]:
+    """The rule class, the (non-null) hyper-parameters it accepts and the set keys it ignores."""
     cls = get_class(method._target_)
     accepted = set(inspect.signature(cls.__init__).parameters) - {"self"}
-    params, ignored = {}, {}
+    params, ignored = {}, []
     for key, value in method.items():
         if key in ENGINE_KEYS or value is None:
             continue
-        (params if key in accepted else ignored)[key] = value
-    if ignored:
-        log.warning("method=%s has no parameter(s) %s; ignoring them", method.name, sorted(ignored))
-    return cls, params
+        if key in accepted:
+            params[key] = value
+        else:
+            ignored.append(key)
+    return cls, params, sorted(ignored)
+
+
+#: configs already warned about: cli.run_stages and generate_run validate the same object (id -> weak ref)
+_warned: dict[int, weakref.ref] = {}
+
+
+def _warn_once(cfg: DictConfig, messages: list[str]) -> None:
+    """Log ``messages`` the first time ``cfg`` (this object: one run, one multirun job) is validated."""
+    key = id(cfg)
+    ref = _warned.get(key)
+    if ref is not None and ref() is cfg:
+        return
+    _warned[key] = weakref.ref(cfg, lambda _: _warned.pop(key, None))
+    for message in messages:
+        log.warning(message)
 
 
 def validate(cfg: DictConfig) -> None:
-    """Reject bad values with a message naming the value and what is allowed."""
-    _check(cfg.stage in STAGES, f"stage={cfg.stage!r} is not one of {list(STAGES)}")
+    """Check every value against :data:`SCHEMA`, then the cross-key rules and the rule's own checks.
+
+    Raises :class:`ConfigError` (one line: the value and what is allowed); warns once per config about
+    keys nothing reads and method keys the chosen method ignores.
+    """
+    unknown = []
+    for key, value in _leaves(cfg):
+        spec = SCHEMA.get(key)
+        if spec is None:
+            unknown.append(key)
+            continue
+        if isinstance(spec, ByTarget):
+            spec = spec.pick(OmegaConf.select(cfg, f"{key.split('.')[0]}._target_"))
+        message = spec.error(key, value)
+        if message:
+            raise ConfigError(message)
     m = cfg.method
-    _check(m.name in choices("method"), f"method={m.name!r}: choose one of {choices('method')}")
-    _check(isinstance(m.window, int) and m.window >= 1, f"method.window={m.window!r} must be an integer >= 1")
     _check(m.name != "ar" or m.window == 1, f"method=ar needs method.window=1, got {m.window}")
-    _check(m.init in INIT_SCHEMES, f"method.init={m.init!r}: choose one of {list(INIT_SCHEMES)}")
-    _check(m.coupling in COUPLINGS, f"method.coupling={m.coupling!r}: choose one of {list(COUPLINGS)}")
-    if m.get("lam") is not None:
-        _check(m.lam >= 0, f"method.lam={m.lam} must be >= 0")
-    if m.get("delta") is not None:
-        _check(0 <= m.delta <= 1, f"method.delta={m.delta} must be in [0, 1]")
-    if m.get("entropy_norm") is not None:
-        _check(m.entropy_norm in ENTROPY_NORMS, f"method.entropy_norm={m.entropy_norm!r}: choose one of {list(ENTROPY_NORMS)}")
-    if m.get("c") is not None:
-        _check(m.c >= 0, f"method.c={m.c} must be >= 0")
-    if m.get("k") is not None:
-        _check(m.k >= 1, f"method.k={m.k} must be >= 1")
-    for key in ("group_size", "prob_threshold", "embed_threshold"):
-        if m.get(key) is not None:
-            _check(m[key] >= 0, f"method.{key}={m[key]} must be >= 0")
     build_rule(m)  # the rule's own checks, still before any model loads
-
-    model = cfg.model
-    _check(model.name in choices("model"), f"model={model.name!r}: choose one of {choices('model')}")
-    _check(model.guidance_scale > 0, f"model.guidance_scale={model.guidance_scale} must be > 0")
-    _check(model.temperature > 0, f"model.temperature={model.temperature} must be > 0")
-    if model.get("top_k") is not None:
-        _check(isinstance(model.top_k, int) and model.top_k >= 1, f"model.top_k={model.top_k!r} must be an integer >= 1 (or null for no top-k)")
-
-    mcl = cfg.engine.max_cache_len
-    _check(mcl is None or (isinstance(mcl, int) and mcl >= 1), f"engine.max_cache_len={mcl!r} must be null or a positive integer")
-
-    data = cfg.dataset
-    _check(data.name in choices("dataset"), f"dataset={data.name!r}: choose one of {choices('dataset')}")
-    if data.get("n_prompts") is not None:
-        _check(data.n_prompts >= 1, f"dataset.n_prompts={data.n_prompts} must be >= 1")
-    _check(data.samples_per_prompt >= 1, f"dataset.samples_per_prompt={data.samples_per_prompt} must be >= 1")
-    _check(
-        cfg.device in ("auto", "cpu", "cuda") or str(cfg.device).startswith("cuda:"),
-        f"device={cfg.device!r}: choose auto, cpu, cuda or cuda:N",
-    )
+    warnings = []
+    if unknown:
+        warnings.append(f"ignoring config key(s) that csd-bench does not read: {', '.join(unknown)}")
+    ignored = _rule_params(m)[2]
+    if ignored:
+        warnings.append(f"method={m.name} has no parameter(s) {ignored}; ignoring them")
+    _warn_once(cfg, warnings)
 
 
 def build_rule(method: DictConfig) -> AcceptanceRule:
-    cls, params = _rule_params(method)
+    """The acceptance rule of ``method`` with the hyper-parameters it accepts (others are ignored)."""
+    cls, params, _ = _rule_params(method)
     try:
         return cls(**params)
     except ValueError as err:
@@ -125,8 +254,17 @@ def build_adapter(model: DictConfig, device: torch.device, engine: DictConfig | 
 
 
 def load_prompts(dataset: DictConfig) -> list[Prompt]:
+    """The dataset's prompts; none, or fewer than ``dataset.n_prompts``, is a :class:`ConfigError`."""
     params = {k: v for k, v in OmegaConf.to_container(dataset, resolve=True).items() if k not in ("name", "_target_", "samples_per_prompt")}
-    return get_method(dataset._target_)(**params)
+    prompts = get_method(dataset._target_)(**params)
+    _check(bool(prompts), f"dataset={dataset.name} has no prompts")
+    n = dataset.get("n_prompts")
+    _check(
+        n is None or len(prompts) >= n,
+        f"dataset.n_prompts={n}, but dataset={dataset.name} has only {len(prompts)} prompts; "
+        f"set dataset.n_prompts={len(prompts)} or null (all)",
+    )
+    return prompts
 
 
 def method_params(method: DictConfig) -> dict[str, Any]:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
+from csd.config import ConfigError, load_prompts
 from csd.data.coco import coco2017_prompts
 from csd.data.files import MissingDataError
 from csd.data.geneval import export_geneval, geneval_prompts
@@ -64,3 +66,55 @@ def test_geneval_prompts_and_export(tmp_path: Path) -> None:
     out = export_geneval(run, tmp_path / "geneval_out")
     assert json.loads((out / "00001" / "metadata.jsonl").read_text()) == lines[1]
     assert (out / "00000" / "samples" / "0000.png").exists()
+
+
+def test_truncated_coco_json_names_the_file_and_line(tmp_path: Path) -> None:
+    path = tmp_path / "captions_val2017.json"
+    text = json.dumps(json.loads(write_coco(path).read_text()), indent=1)
+    path.write_text(text[: len(text) // 2])
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(path))}:\d+:\d+: not valid JSON \(.+\)$"):
+        coco2017_prompts(path)
+
+
+def test_coco_annotation_without_caption_names_the_entry(tmp_path: Path) -> None:
+    path = write_coco(tmp_path / "captions_val2017.json")
+    data = json.loads(path.read_text())
+    del data["annotations"][1]["caption"]
+    path.write_text(json.dumps(data))
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(path))}: annotation #1 \(id=102\): 'caption' missing or not a string$"):
+        coco2017_prompts(path)
+
+
+@pytest.mark.parametrize(
+    ("second_line", "message"),
+    [("{not json", r":2: not valid JSON \(.+\)$"), ('{"tag": "counting"}', ":2: no 'prompt' string in this entry$")],
+)
+def test_bad_geneval_line_names_the_file_and_line(tmp_path: Path, second_line: str, message: str) -> None:
+    path = tmp_path / "evaluation_metadata.jsonl"
+    path.write_text(json.dumps({"tag": "single_object", "prompt": "a photo of a cat"}) + "\n" + second_line + "\n")
+    with pytest.raises(ConfigError, match=f"^{re.escape(str(path))}{message}"):
+        geneval_prompts(path)
+
+
+def test_empty_dataset_files_say_so(tmp_path: Path) -> None:
+    path = tmp_path / "evaluation_metadata.jsonl"
+    path.write_text("\n")
+    with pytest.raises(ConfigError, match=f"^{re.escape(str(path))}: no prompts"):
+        geneval_prompts(path)
+    coco = tmp_path / "captions_val2017.json"
+    coco.write_text(json.dumps({"images": [{"id": 1}], "annotations": []}))
+    with pytest.raises(ConfigError, match=f"^{re.escape(str(coco))}: no prompts"):
+        coco2017_prompts(coco)
+
+
+def test_asking_for_more_prompts_than_the_dataset_has_says_how_many_exist(tmp_path: Path) -> None:
+    coco = OmegaConf.load(REPO / "conf/dataset/coco2017.yaml")
+    coco.annotations = str(write_coco(tmp_path / "c.json"))
+    with pytest.raises(ConfigError, match="dataset.n_prompts=5000, but dataset=coco2017 has only 2 prompts"):
+        load_prompts(coco)
+    coco.n_prompts = 2
+    assert len(load_prompts(coco)) == 2
+    smoke = OmegaConf.load(REPO / "conf/dataset/smoke.yaml")
+    smoke.n_prompts = 10
+    with pytest.raises(ConfigError, match="dataset.n_prompts=10, but dataset=smoke has only 6 prompts"):
+        load_prompts(smoke)

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
+
+from csd.config import ConfigError
 
 DOWNLOAD_HINT = "bash experiments/download_data.sh"
 
@@ -18,3 +22,16 @@ def require_file(path: str | Path, what: str) -> Path:
         raise MissingDataError(f"{what} not found at '{p}'. Fetch it with `{DOWNLOAD_HINT}` (needs internet) "
                                "or point the config at your copy.")
     return p
+
+
+class DatasetFileError(ConfigError):
+    """A benchmark file is malformed; the message starts with ``<file>:<line>`` or ``<file>: <entry>``."""
+
+
+def read_json(path: Path) -> Any:
+    """The parsed JSON file; a syntax error (e.g. a truncated download) names the file, line and column."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except json.JSONDecodeError as err:
+        raise DatasetFileError(f"{path}:{err.lineno}:{err.colno}: not valid JSON ({err.msg})") from None

@@ -6,7 +6,7 @@ import json
 import shutil
 from pathlib import Path
 
-from csd.data.files import require_file
+from csd.data.files import DatasetFileError, require_file
 from csd.prompts import Prompt
 from csd.records import load_records
 
@@ -22,14 +22,21 @@ def geneval_prompts(metadata: str | Path, n_prompts: int | None = None, **_: obj
     path = require_file(metadata, "GenEval metadata (evaluation_metadata.jsonl)")
     prompts = []
     with open(path, encoding="utf-8") as f:
-        for line in f:
+        for lineno, line in enumerate(f, 1):
             if not line.strip():
                 continue
-            entry = json.loads(line)
+            try:
+                entry = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise DatasetFileError(f"{path}:{lineno}: not valid JSON ({err.msg})") from None
+            if not isinstance(entry, dict) or not isinstance(entry.get("prompt"), str):
+                raise DatasetFileError(f"{path}:{lineno}: no 'prompt' string in this entry")
             index = len(prompts)
             prompts.append(Prompt(f"{index:05d}", entry["prompt"], {"index": index, "geneval": entry}))
             if n_prompts is not None and len(prompts) == n_prompts:
                 break
+    if not prompts:
+        raise DatasetFileError(f"{path}: no prompts (the file has no entries)")
     return prompts
 
 

@@ -1,0 +1,211 @@
+"""Allowed values of config keys (the table is ``csd.config.SCHEMA``): each spec turns a bad value into one line.
+
+Values arrive as Hydra parses command-line overrides: ``method.lam=abc`` is the string ``'abc'``,
+``dataset.n_prompts=2.5`` a float, ``method.lam=[0.1,0.2]`` a ListConfig, ``method.lam=inf`` a float inf.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+
+def show(value: Any) -> str:
+    """A value as it is typed on the command line (strings quoted)."""
+    if isinstance(value, (DictConfig, ListConfig)):
+        value = OmegaConf.to_container(value)
+    if value is None or isinstance(value, bool):
+        return {None: "null", True: "true", False: "false"}[value]
+    return repr(value) if isinstance(value, str) else str(value)
+
+
+def is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Spec(ABC):
+    """The allowed values of one config key; ``null`` says what null means there (None: not allowed)."""
+
+    null: str | None = None
+
+    @abstractmethod
+    def describe(self) -> str:
+        """What is allowed, as it reads after "must be"."""
+
+    @abstractmethod
+    def accepts(self, value: Any) -> bool:
+        """Whether a non-null ``value`` is allowed."""
+
+    def error(self, key: str, value: Any) -> str | None:
+        """The one-line message for a bad ``value`` of ``key``; None if it is allowed."""
+        if value is None:
+            return None if self.null is not None else f"{key}=null is not allowed: it must be {self.describe()}"
+        if self.accepts(value):
+            return None
+        message = f"{key}={show(value)} must be {self.describe()}"
+        if self.null is not None:
+            message += f" (or null{' ' + self.null if self.null else ''})"
+        if isinstance(value, ListConfig):
+            message += f"; to sweep several values use -m {key}=a,b"
+        return message
+
+
+@dataclass(frozen=True, kw_only=True)
+class Int(Spec):
+    min: int
+    max: int | None = None
+
+    def describe(self) -> str:
+        return f"an integer >= {self.min}" if self.max is None else f"an integer in [{self.min}, {self.max}]"
+
+    def accepts(self, value: Any) -> bool:
+        return is_int(value) and value >= self.min and (self.max is None or value <= self.max)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Float(Spec):
+    """A finite number (an int is fine) in ``[min, max]``, or ``> gt``."""
+
+    min: float | None = None
+    max: float | None = None
+    gt: float | None = None
+
+    def range(self) -> str:
+        if self.gt is not None:
+            return f"> {self.gt}"
+        return f">= {self.min}" if self.max is None else f"in [{self.min}, {self.max}]"
+
+    def describe(self) -> str:
+        return f"a finite number {self.range()}"
+
+    def in_range(self, value: float) -> bool:
+        if self.gt is not None:
+            return value > self.gt
+        return value >= self.min and (self.max is None or value <= self.max)
+
+    def accepts(self, value: Any) -> bool:
+        return is_number(value) and math.isfinite(value) and self.in_range(value)
+
+    def error(self, key: str, value: Any) -> str | None:
+        if is_number(value) and math.isfinite(value) and not self.in_range(value):
+            return f"{key}={show(value)} must be {self.range()}"  # the type is right: name only the range
+        return super().error(key, value)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Bool(Spec):
+    def describe(self) -> str:
+        return "true or false"
+
+    def accepts(self, value: Any) -> bool:
+        return isinstance(value, bool)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Str(Spec):
+    def describe(self) -> str:
+        return "a string"
+
+    def accepts(self, value: Any) -> bool:
+        return isinstance(value, str)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Choice(Spec):
+    options: tuple[Any, ...]
+
+    def describe(self) -> str:
+        return f"one of {list(self.options)}"
+
+    def accepts(self, value: Any) -> bool:
+        return any(type(value) is type(o) and value == o for o in self.options)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Group(Spec):
+    """A config group's ``name``: one of its ``options()``; the message names the group (``method=...``)."""
+
+    group: str
+    options: Callable[[str], list[str]]
+
+    def describe(self) -> str:
+        return f"one of {self.options(self.group)}"
+
+    def accepts(self, value: Any) -> bool:
+        return value in self.options(self.group)
+
+    def error(self, key: str, value: Any) -> str | None:
+        return None if self.accepts(value) else f"{self.group}={show(value)}: choose one of {self.options(self.group)}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Device(Spec):
+    def describe(self) -> str:
+        return "auto, cpu, cuda or cuda:N"
+
+    def accepts(self, value: Any) -> bool:
+        return value in ("auto", "cpu", "cuda") or (isinstance(value, str) and value.startswith("cuda:") and value[5:].isdigit())
+
+
+@dataclass(frozen=True, kw_only=True)
+class IntList(Spec):
+    length: int
+    min: int
+
+    def describe(self) -> str:
+        return f"a list of {self.length} integers >= {self.min}"
+
+    def accepts(self, value: Any) -> bool:
+        return isinstance(value, ListConfig) and len(value) == self.length and all(is_int(v) and v >= self.min for v in value)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StrList(Spec):
+    """A list of strings; with ``names``, each must be one of ``names()`` (a ``what``)."""
+
+    names: Callable[[], list[str]] | None = None
+    what: str = "name"
+
+    def describe(self) -> str:
+        return "a list of strings"
+
+    def accepts(self, value: Any) -> bool:
+        return isinstance(value, ListConfig) and all(isinstance(v, str) for v in value)
+
+    def error(self, key: str, value: Any) -> str | None:
+        message = super().error(key, value)
+        if message or value is None or self.names is None:
+            return message
+        unknown = [v for v in value if v not in self.names()]
+        return f"{key}={show(value)}: unknown {self.what} {unknown[0]!r}; choose from {self.names()}" if unknown else None
+
+
+@dataclass(frozen=True, kw_only=True)
+class StrMap(Spec):
+    def describe(self) -> str:
+        return "a mapping of strings to strings"
+
+    def accepts(self, value: Any) -> bool:
+        return isinstance(value, DictConfig) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())
+
+
+@dataclass(frozen=True)
+class ByTarget:
+    """Different specs for the same key by the group's ``_target_`` (lantern's ``k`` counts neighbours,
+    amplify's ``k`` is a factor)."""
+
+    default: Spec
+    by: dict[str, Spec] = field(default_factory=dict)
+
+    def pick(self, target: str | None) -> Spec:
+        return self.by.get(target, self.default)
