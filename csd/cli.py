@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from pathlib import Path
 
+import torch
 from omegaconf import DictConfig
 
 from csd.adapters.base import MissingWeightsError
 from csd.config import ConfigError, validate
+from csd.lockfile import LockHeldError
+from csd.records import RecordsError
 
 log = logging.getLogger("csd")
 
@@ -22,10 +26,22 @@ def in_multirun() -> bool:
     return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
 
 
+def quiet_open_clip(record: logging.LogRecord) -> bool:
+    """Keep open_clip's warnings but not its model-loading INFO lines (it logs them on the root logger)."""
+    return record.levelno >= logging.WARNING or f"{os.sep}open_clip{os.sep}" not in record.pathname
+
+
 def run_stages(cfg: DictConfig) -> None:
     """Run ``cfg.stage``; configuration and missing-file errors end the run with one clear line."""
+    logging.getLogger().addFilter(quiet_open_clip)
+    if cfg.run_dir is None:  # run.py's Hydra output directory: a new run's, or the run_dir/sweep_dir given
+        from hydra.core.hydra_config import HydraConfig
+
+        cfg.run_dir = HydraConfig.get().runtime.output_dir
     try:
         validate(cfg)
+        if cfg.threads is not None:
+            torch.set_num_threads(cfg.threads)
         run_dir = Path(cfg.run_dir)
         if cfg.stage in ("generate", "all"):
             from csd.pipeline import generate_run
@@ -43,6 +59,19 @@ def run_stages(cfg: DictConfig) -> None:
             for table in sorted(report.glob("table_*.md")):
                 print(table.read_text())
             print(f"report: {report}")
-    except (ConfigError, MissingWeightsError, FileNotFoundError) as err:
+    except (ConfigError, RecordsError, LockHeldError, MissingWeightsError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         raise SystemExit(2) from None
+    except KeyboardInterrupt as err:  # one line, not a traceback; 130 = 128 + SIGINT
+        print(f"interrupted: {interrupted_message(cfg, str(err))}", file=sys.stderr)
+        raise SystemExit(130) from None
+
+
+def interrupted_message(cfg: DictConfig, saved: str) -> str:
+    """What Ctrl-C left (``saved``: the generate stage's "N of M images saved in <dir>") and how to go on."""
+    if cfg.stage == "report":
+        return "the report was not finished; run the same command again"
+    run_dir = Path(cfg.run_dir)
+    # a multirun job's directory is <sweep dir>/<job>, recreated by rerunning the sweep into the same sweep dir
+    again = f"hydra.sweep.dir={run_dir.parent}" if in_multirun() else f"hydra.run.dir={run_dir}"
+    return f"{saved or f'finished images are kept in {run_dir}'}; to resume, run the same command with {again}"

@@ -1,13 +1,15 @@
 """Weights & Biases tracking of evaluated runs (``logger`` config group).
 
 One W&B run per evaluated run: the run's resolved config and run.json as config, a per-image
-table, a grid of sample images, the acceptance heatmaps and the summary metrics. Runs of one Hydra
+table, a grid of sample images, the acceptance heatmaps and the summary metrics. Its id is kept in
+the run directory, so evaluating the run again resumes the same W&B run. Runs of one Hydra
 multirun share a ``group`` (the sweep directory's name unless ``logger.group`` is set). W&B's own
 sweeps need its server, so sweeping is Hydra's job.
 """
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +26,16 @@ from csd.report.content_plots import heatmap_figure
 
 #: Hydra writes this file into a multirun's sweep directory
 MULTIRUN_MARKER = "multirun.yaml"
+#: a run directory's W&B run id: evaluating the run again resumes that W&B run instead of adding one
+WANDB_ID_FILE = "wandb_id.txt"
+
+
+def wandb_run_id(run_dir: Path) -> str:
+    """The W&B id stored in ``run_dir``, created (and stored) at the run's first logged evaluation."""
+    path = run_dir / WANDB_ID_FILE
+    if not path.exists():
+        path.write_text(uuid.uuid4().hex[:12] + "\n", encoding="utf-8")
+    return path.read_text(encoding="utf-8").strip()
 
 
 def wandb_group(run_dir: Path, logger: DictConfig) -> str | None:
@@ -62,6 +74,8 @@ def log_evaluated_run(ctx: EvalContext, result: dict[str, Any], per_image: dict[
         mode=logger.mode,
         dir=str(logger.get("dir") or ctx.run_dir),
         name=f"{ctx.run_dir.name}",
+        id=wandb_run_id(ctx.run_dir),
+        resume="allow",
         config={"config": OmegaConf.to_container(ctx.run_config), "run": ctx.info},
         reinit="finish_previous",
         settings=wandb.Settings(console="off", silent=True),

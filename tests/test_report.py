@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+import matplotlib.pyplot as plt
 import pandas as pd
 import pytest
+from matplotlib.figure import Figure
+from matplotlib.text import Text
 from omegaconf import OmegaConf
 
 from csd.evaluation import evaluate_run
 from csd.report import SweepReportCallback, build_report
-from csd.report.pareto import pareto_front
+from csd.report.collect import results_frame
+from csd.report.pareto import pareto_front, plot_pareto
 from tests.test_eval_fixtures import REPO, eval_cfg, make_run
 
 
@@ -30,6 +35,51 @@ def fixture_sweep(root: Path, tmp_path: Path) -> Path:
     return root
 
 
+def fake_result(method: str, latency: float = 1.0, **params: Any) -> dict[str, Any]:
+    """A ``load_run`` result without files: method parameters as ``run.json`` records them, fixed quality."""
+    method_params = {"window": 1 if method == "ar" else 16, "init": "random", "coupling": "none", **params}
+    return {"run_dir": f"runs/{method}", "run": {"method": method, "method_params": method_params, "model": "toy",
+                                                 "dataset": "toy", "n_records": 4},
+            "metrics": {"latency_mean": latency, "step_compression": 1.0 / latency, "fid": 0.1, "clip_score": 90.0}}
+
+
+def pareto_texts(df: pd.DataFrame, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Figure, list[Text]]:
+    """The drawn Pareto figure of ``df`` (kept open) and every non-empty text on it."""
+    figures: list[Figure] = []
+    monkeypatch.setattr(plt, "close", figures.append)
+    plot_pareto(df, ["speedup", "step_compression"], ["fid", "clip_score"], "toy", tmp_path / "pareto.png")
+    fig = figures[0]
+    fig.canvas.draw()
+    return fig, [t for t in fig.findobj(Text) if t.get_visible() and t.get_text()]
+
+
+def test_labels_carry_the_swept_values() -> None:
+    sweep = [fake_result("ar", 2.0)] + [fake_result("csd", lam=lam, delta=0.5, entropy_norm="none") for lam in (0.1, 0.5)]
+    assert results_frame(sweep)["label"].tolist() == ["ar", "csd lam=0.1", "csd lam=0.5"]
+    grid = [fake_result("csd", lam=lam, delta=delta) for lam in (0.1, 0.5) for delta in (0.3, 0.5)]
+    assert results_frame(grid)["label"].tolist() == [f"csd lam={a} delta={b}" for a in (0.1, 0.5) for b in (0.3, 0.5)]
+    one = results_frame([fake_result("csd", lam=0.1, delta=0.5, entropy_norm="none"), fake_result("addition", c=0.1)])
+    assert one["label"].tolist() == ["csd lam=0.1 delta=0.5 entropy_norm=none", "addition c=0.1"]
+
+
+def test_pareto_names_every_run_without_overprinting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the two CSD runs land on the same point of every panel
+    sweep = [fake_result("ar", 2.0), fake_result("csd", lam=0.1, delta=0.5), fake_result("csd", lam=0.5, delta=0.5)]
+    fig, texts = pareto_texts(results_frame(sweep), tmp_path, monkeypatch)
+    labels = [t for t in texts if t.get_text().startswith(("ar", "csd"))]
+    assert {"ar", "csd lam=0.1", "csd lam=0.5"} <= {t.get_text() for t in labels}
+    boxes = [t.get_window_extent() for t in labels]
+    assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
+    plt.close(fig)
+
+
+def test_pareto_without_ar_says_how_to_add_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    sweep = [fake_result("csd", 1.0, lam=0.1), fake_result("csd", 0.8, lam=0.5)]
+    fig, texts = pareto_texts(results_frame(sweep), tmp_path, monkeypatch)
+    assert sum("eval.report.extra_runs" in t.get_text() for t in texts) == 2  # both speed-up panels
+    plt.close(fig)
+
+
 def test_pareto_front() -> None:
     # maximise x, minimise y: (3, 1) dominates (2, 2); (1, 0) is best on y
     assert pareto_front([1, 2, 3], [0, 2, 1], maximize_y=False).tolist() == [True, False, True]
@@ -43,7 +93,7 @@ def test_build_report_from_sweep(tmp_path: Path) -> None:
     speedups = dict(zip(runs["run_dir"].map(lambda p: Path(p).name), runs["speedup"], strict=True))
     assert speedups == pytest.approx({"0_ar": 1.0, "1_sjd": 2.0, "2_csd": 4.0, "3_csd": 2.5})
     table = pd.read_csv(out / "table_toy.csv")
-    assert table["method"].tolist() == ["ar", "sjd", "csd", "csd"]
+    assert table["method"].tolist() == ["ar", "sjd", "csd lam=0.1", "csd lam=0.5"]  # delta is the same: left out
     assert table["lambda"].tolist()[2:] == [0.1, 0.5]
     assert {"latency (s)", "speed-up", "step compression"} <= set(table.columns)
     markdown = (out / "table_toy.md").read_text()

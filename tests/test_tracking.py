@@ -29,6 +29,20 @@ def test_offline_wandb_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
         assert key in data, key
 
 
+def test_reevaluation_resumes_the_same_wandb_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    run = make_run(tmp_path / "r", "ar")
+    cfg = eval_cfg(tmp_path, **{"eval.toy.metrics": ["speed"]})
+    cfg.logger = OmegaConf.load(REPO / "conf/logger/wandb.yaml")
+    evaluate_run(run, cfg)
+    evaluate_run(run, cfg)
+    logs = [p.name for p in (run / "wandb").glob("offline-run-*/run-*.wandb")]
+    # one local W&B directory per evaluation, both of the same W&B run: `wandb sync` appends them
+    assert len(logs) == 2 and len(set(logs)) == 1, logs
+    assert logs[0] == f"run-{(run / 'wandb_id.txt').read_text().strip()}.wandb"
+
+
 def test_disabled_logger_writes_nothing(tmp_path: Path) -> None:
     run = make_run(tmp_path / "r", "ar")
     evaluate_run(run, eval_cfg(tmp_path, **{"eval.toy.metrics": ["speed"]}))

@@ -6,7 +6,6 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
-import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
 from csd.report import content_plots
@@ -48,17 +47,12 @@ def build_report(run_dirs_or_sweep_dir: Path | list[Path], cfg: DictConfig) -> P
     ys = list(OmegaConf.select(cfg, "eval.report.pareto_y", default=["fid", "clip_score"]))
     for model, group in df.groupby("model"):
         figures = [plot_pareto(group, xs, ys, f"{model}: speed vs quality", out / f"pareto_{model}.png")]
-        runs = [(row["label"] + _hp(row), results[i]) for i, row in group.iterrows()]
+        runs = [(row["label"], results[i]) for i, row in group.iterrows()]
         figures += _content(model, runs, out)
         sections.append("\n".join(f"![{p.stem}]({p.name})" for p in figures) + "\n")
     (out / "report.md").write_text("# csd-bench report\n\n" + "\n".join(sections), encoding="utf-8")
     log.info("report: %d runs -> %s", len(df), out)
     return out
-
-
-def _hp(row: pd.Series) -> str:
-    """CSD-style runs are told apart by lambda and delta in plot legends."""
-    return "" if pd.isna(row["lam"]) else f" λ={row['lam']} δ={row['delta']}"
 
 
 def _content(model: str, runs: list[tuple[str, dict]], out: Path) -> list[Path]:

@@ -16,8 +16,8 @@ from csd.evaluation.speed import speedup
 
 log = logging.getLogger(__name__)
 AR_METHOD = "ar"
-#: method hyper-parameters that are not part of a method's label (shown as columns or engine-wide)
-LABEL_SKIP = ("name", "window", "init", "lam", "delta", "_target_")
+#: engine-wide keys every method records; labelled only when they tell runs of one method apart
+ENGINE_KEYS = ("window", "init", "coupling")
 
 
 def find_run_dirs(source: str | Path | Sequence[str | Path]) -> list[Path]:
@@ -30,10 +30,27 @@ def find_run_dirs(source: str | Path | Sequence[str | Path]) -> list[Path]:
     return [Path(p) for p in source]
 
 
-def method_label(method: str, params: dict[str, Any]) -> str:
-    params = {k: v for k, v in params.items() if not (k == "coupling" and v == "none")}  # the default is unlabelled
-    extra = [f"{k}={v}" for k, v in sorted(params.items()) if k not in LABEL_SKIP and not isinstance(v, (dict, list))]
-    return f"{method} ({', '.join(extra)})" if extra else method
+def _fmt(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def method_label(method: str, params: dict[str, Any], keys: Sequence[str]) -> str:
+    """``method k=v ...`` for the hyper-parameters ``keys`` (in the run's order), e.g. ``csd lam=0.1 delta=0.5``."""
+    return " ".join([method, *(f"{k}={_fmt(params[k])}" for k in params if k in keys)])
+
+
+def label_keys(params_of_runs: Sequence[dict[str, Any]]) -> list[str]:
+    """The hyper-parameters that name the runs of one method in a report.
+
+    Several runs: the keys whose values differ between them (constant ones would repeat on every
+    point). One run: its method's own keys (not the engine-wide ``window``/``init``/``coupling``).
+    """
+    scalar = [{k: v for k, v in p.items() if k not in ("name", "_target_") and not isinstance(v, (dict, list))}
+              for p in params_of_runs]
+    keys = list(dict.fromkeys(k for p in scalar for k in p))
+    if len(scalar) == 1:
+        return [k for k in keys if k not in ENGINE_KEYS]
+    return [k for k in keys if len({repr(p.get(k)) for p in scalar}) > 1]
 
 
 def load_run(run_dir: Path) -> dict[str, Any] | None:
@@ -46,14 +63,17 @@ def load_run(run_dir: Path) -> dict[str, Any] | None:
 
 
 def results_frame(results: Sequence[dict[str, Any]]) -> pd.DataFrame:
-    """One row per run: identity, method hyper-parameters (``lam``, ``delta``, ...), metrics, speed-up."""
+    """One row per run: identity, label (:func:`label_keys`), ``lam``, ``delta``, metrics, speed-up."""
+    params_of = {m: [r["run"].get("method_params") or {} for r in results if r["run"]["method"] == m]
+                 for m in {r["run"]["method"] for r in results}}
+    keys = {m: label_keys(p) for m, p in params_of.items()}
     rows = []
     for res in results:
         run, params = res["run"], res["run"].get("method_params") or {}
         rows.append({
             "run_dir": res["run_dir"], "model": run["model"], "dataset": run["dataset"], "method": run["method"],
-            "label": method_label(run["method"], params), "lam": params.get("lam"), "delta": params.get("delta"),
-            "n_images": run.get("n_records"), **res["metrics"],
+            "label": method_label(run["method"], params, keys[run["method"]]), "lam": params.get("lam"),
+            "delta": params.get("delta"), "n_images": run.get("n_records"), **res["metrics"],
         })
     df = pd.DataFrame(rows)
     if df.empty:
@@ -62,7 +82,8 @@ def results_frame(results: Sequence[dict[str, Any]]) -> pd.DataFrame:
     for (model, dataset), group in df.groupby(["model", "dataset"]):
         ar = group[group["method"] == AR_METHOD]
         if ar.empty or "latency_mean" not in df:
-            log.warning("no AR run for %s/%s: speed-up left empty", model, dataset)
+            log.warning("no AR run for %s/%s: speed-up left empty (add one with eval.report.extra_runs=[<ar run dir>])",
+                        model, dataset)
             continue
         if len(ar) > 1:
             log.warning("%d AR runs for %s/%s: speed-up uses %s", len(ar), model, dataset, ar["run_dir"].iloc[0])

@@ -15,11 +15,16 @@ COLUMNS = {
 }
 
 
-def paper_table(df: pd.DataFrame) -> pd.DataFrame:
-    """Rows in the papers' method order (then lambda, delta), paper column names, rounded."""
+def paper_order(df: pd.DataFrame) -> pd.DataFrame:
+    """The runs in the papers' method order (unknown methods last), then by lambda, delta and label."""
     order = {m: i for i, m in enumerate(METHOD_ORDER)}
     rows = df.assign(_order=df["method"].map(lambda m: order.get(m, len(order))))
-    rows = rows.sort_values(["_order", "label", "lam", "delta"], na_position="first")
+    return rows.sort_values(["_order", "method", "lam", "delta", "label"], na_position="first").drop(columns="_order")
+
+
+def paper_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Rows in :func:`paper_order`, paper column names, rounded."""
+    rows = paper_order(df)
     cols = [c for c in COLUMNS if c in rows and rows[c].notna().any()]
     return rows[cols].rename(columns=COLUMNS).round(3).reset_index(drop=True)
 

@@ -1,0 +1,38 @@
+"""``run.py stage=evaluate|report`` on an existing run: Hydra's files land there, no stray run dir, a quiet run.log."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.test_eval_fixtures import REPO, make_run
+
+
+@pytest.fixture(scope="module")
+def evaluated(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A toy run evaluated (speed + toy-CLIP score, which loads open_clip) then reported, from its parent dir."""
+    root = tmp_path_factory.mktemp("cwd")
+    make_run(root / "r", "csd", method_params={"lam": 0.1, "delta": 0.5})
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
+    for args in (["stage=evaluate", "run_dir=r", "eval.toy.metrics=[speed,clip_score]"], ["stage=report", "sweep_dir=."]):
+        out = subprocess.run([sys.executable, str(REPO / "run.py"), *args, "logger=disabled"], cwd=root, env=env,
+                             capture_output=True, text=True, timeout=600)
+        assert out.returncode == 0, out.stderr[-2000:]
+    return root
+
+
+def test_evaluate_and_report_write_into_the_given_dirs(evaluated: Path) -> None:
+    assert not (evaluated / "runs").exists()
+    assert (evaluated / "r" / "metrics.json").exists() and (evaluated / "report" / "table_toy.md").exists()
+    for out_dir, stage in ((evaluated / "r", "evaluate"), (evaluated / "report", "report")):
+        assert (out_dir / "run.log").exists() and (out_dir / ".hydra" / stage / "overrides.yaml").exists()
+
+
+def test_run_log_has_no_open_clip_info_lines(evaluated: Path) -> None:
+    log = "".join(p.read_text() for p in evaluated.rglob("run.log"))
+    assert "toy/toy: 4 images" in log  # the evaluate stage's summary line
+    assert "toy-clip" not in log  # open_clip's "Parsing model identifier ... toy-clip" INFO lines
