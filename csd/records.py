@@ -51,7 +51,7 @@ COMMIT_SAMPLED, COMMIT_ACCEPTED, COMMIT_RELAXED, COMMIT_FORCED = 0, 1, 2, 3
 class ImageRecord:
     """Everything measured for one generated image.
 
-    Counters follow EVALUATION.md: ``nfe`` counts target forwards during image decoding (CFG rows
+    Counters follow docs/EVALUATION.md: ``nfe`` counts target forwards during image decoding (CFG rows
     batched = one), ``step_compression = len(tokens) / nfe`` (forced tokens included).
     ``drafts_proposed`` counts free-position drafts placed in windows, ``drafts_verified`` those the
     rule looked at (up to and including the first rejection), ``drafts_accepted`` those accepted,

@@ -102,3 +102,21 @@ def test_checker_finds_broken_links(tmp_path: Path) -> None:
     assert len(problems) == 5, problems
     for bad in ("gone.md", "pics/none.png", "#no-such", "NOTES.md", "ref.md"):
         assert any(bad in p for p in problems), (bad, problems)
+
+
+SOURCE_FILES = sorted(
+    p for pattern in ("csd/**/*.py", "baselines/*.py", "experiments/*.py", "tests/*.py", "run.py", "conf/**/*.yaml")
+    for p in ROOT.glob(pattern)
+)
+DOCS_REFERENCE = re.compile(r"\b(docs/[\w.-]+\.md)\b")
+
+
+def test_docs_named_in_code_exist() -> None:
+    """Docstrings and config comments cite ``docs/<page>.md``: each cited page exists."""
+    missing = [
+        f"{source.relative_to(ROOT)}: {name}"
+        for source in SOURCE_FILES
+        for name in DOCS_REFERENCE.findall(source.read_text(encoding="utf-8"))
+        if not (ROOT / name).exists()
+    ]
+    assert SOURCE_FILES and not missing, missing
