@@ -27,7 +27,7 @@ def select_columns(columns: torch.Tensor) -> Processor:
 
 
 def classifier_free_guidance(scale: float) -> Processor:
-    """``l = l_u + s (l_c - l_u)`` over rows ``[cond, uncond]`` -> one row.
+    """``l = l_u + s (l_c - l_u)`` over rows ``[..., cond/uncond, K, V]`` -> ``[..., K, V]``.
 
     Combining log-softmax values instead (Emu3's convention) gives the same ``q``: log-softmax shifts
     each row by a constant ``c``, and ``(l_u - c_u) + s ((l_c - c_c) - (l_u - c_u))`` differs from the
@@ -35,15 +35,15 @@ def classifier_free_guidance(scale: float) -> Processor:
     """
 
     def apply(logits: torch.Tensor) -> torch.Tensor:
-        cond, uncond = logits[0], logits[1]
+        cond, uncond = logits[..., 0, :, :], logits[..., 1, :, :]
         return uncond + scale * (cond - uncond)
 
     return apply
 
 
 def single_row(logits: torch.Tensor) -> torch.Tensor:
-    """No CFG: the only row."""
-    return logits[0]
+    """No CFG: the only row of ``[..., 1, K, V]``."""
+    return logits[..., 0, :, :]
 
 
 def top_k(k: int) -> Processor:
@@ -64,7 +64,7 @@ def temperature(t: float) -> Processor:
 
 
 class TargetPipeline:
-    """Raw adapter logits ``[rows, K, V_raw]`` -> target probabilities ``[K, V]`` (float32)."""
+    """Raw adapter logits ``[(B,) rows, K, V_raw]`` -> target probabilities ``[(B,) K, V]`` (float32)."""
 
     def __init__(self, processors: Sequence[Processor]) -> None:
         self.processors = list(processors)

@@ -40,11 +40,36 @@ def sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
 
 
 @dataclass
+class WindowNoise:
+    """The random numbers one window's verification consumes, for ``B`` windows of ``K`` rows.
+
+    ``samples [B, K, V]`` (``Exp(1)``, the row samples' race), ``uniforms [B, K - 1]`` (one per draft),
+    ``residual [B, V]`` (``Exp(1)``, the replacement's race). The engine draws each window's share from
+    that image's own generator (:meth:`draw` with ``B = 1``), so an image never depends on its neighbours.
+    """
+
+    samples: torch.Tensor
+    uniforms: torch.Tensor
+    residual: torch.Tensor
+
+    @classmethod
+    def draw(
+        cls, batch: int, window: int, vocab: int, generator: torch.Generator, device: torch.device,
+        samples: torch.Tensor | None = None,
+    ) -> WindowNoise:
+        """Draw in a fixed order: row samples (unless ``samples`` is given: Gumbel sharing), uniforms, residual."""
+        if samples is None:
+            samples = exponential_noise((batch, window, vocab), generator, device)
+        uniforms = torch.rand((batch, window - 1), generator=generator, device=device)
+        return cls(samples, uniforms, exponential_noise((batch, vocab), generator, device))
+
+
+@dataclass
 class WindowResult:
     """Outcome of verifying a batch of windows of ``K`` rows (``K - 1`` drafts).
 
-    ``n_accepted [B]``: drafts accepted before the first rejection (``K - 1`` if none), so the window
-    commits ``n_accepted + 1`` tokens: ``committed[:, :n_accepted + 1]``.
+    ``n_accepted [B]``: drafts accepted before the first rejection (the row's draft count if none), so the
+    window commits ``n_accepted + 1`` tokens: ``committed[:, :n_accepted + 1]``.
     ``accepted``, ``relaxed``, ``verified``, ``filter_pass``: per-draft flags ``[B, K - 1]``
     (``relaxed``: accepted although ``min(1, q/p)`` would have rejected with the same uniform).
     """
@@ -64,62 +89,59 @@ def verify_window(
     drafts: torch.Tensor,
     draft_probs: torch.Tensor,
     draft_forced: torch.Tensor,
-    generator: torch.Generator,
-    sample_noise: torch.Tensor | None = None,
+    noise: WindowNoise | torch.Generator,
+    n_drafts: torch.Tensor | None = None,
 ) -> tuple[WindowResult, torch.Tensor]:
     """Verify drafts left to right and pick the replacement/bonus token.
 
     Shapes: ``target_probs [B, K, V]`` (row ``j`` is the target for the token after window element
     ``j``), ``target_entropy [B, K]``, ``drafts [B, K-1]`` (window elements ``1..K-1``, image-code
     indices), ``draft_probs [B, K-1, V]`` (the recorded ``p``), ``draft_forced [B, K-1]`` (forced
-    structural tokens: always accepted, never counted).
+    structural tokens: always accepted, never counted). ``n_drafts [B]``: drafts of each window (ragged
+    batches; default ``K - 1``); later entries are padding and never committed.
 
     Draft ``i`` (window element ``i``) is judged against ``q_{i-1}``. At the first rejection ``i*`` the
-    replacement is drawn from ``rule.residual(q_{i*-1}, p_{i*})``; if every draft is accepted the free
-    sample ``y_{K-1} ~ q_{K-1}`` is the bonus. Returns the result and the fresh samples ``y [B, K]``
-    of every row (the engine refreshes its drafts from them, SJD step 6).
+    replacement is drawn from ``rule.residual(q_{i*-1}, p_{i*})``; if every draft of a window is accepted
+    the free sample ``y_{n_drafts} ~ q_{n_drafts}`` is the bonus. Returns the result and the fresh samples
+    ``y [B, K]`` of every row (the engine refreshes its drafts from them, SJD step 6).
 
-    Random numbers are drawn in a fixed order (row samples, uniforms, residual noise) regardless of
-    the rule, so rules with identical ``b`` give identical tokens under the same seed.
-    ``sample_noise [B, K, V]`` (``Exp(1)``), when given, replaces the row samples' own noise (Gumbel
-    sharing: the caller ties it to absolute positions); the residual always gets independent noise.
+    ``noise``: the window's random numbers (:class:`WindowNoise`), or a generator to draw them from in
+    their fixed order (so rules with identical ``b`` give identical tokens under the same seed).
     """
     batch, window, vocab = target_probs.shape
     device = target_probs.device
-    if sample_noise is None:
-        samples = sample(target_probs, generator)
-    else:
-        samples = sample_race(target_probs, sample_noise)
-    n_drafts = window - 1
-    uniforms = torch.rand((batch, n_drafts), generator=generator, device=device)
-    residual_noise = exponential_noise((batch, vocab), generator, device)
-    if n_drafts == 0:
+    if isinstance(noise, torch.Generator):
+        noise = WindowNoise.draw(batch, window, vocab, noise, device)
+    samples = sample_race(target_probs, noise.samples)
+    if window == 1:
         empty = torch.zeros((batch, 0), dtype=torch.bool, device=device)
         zero = torch.zeros(batch, dtype=torch.long, device=device)
         return WindowResult(zero, samples, empty, empty, empty, None), samples
 
+    positions = torch.arange(window - 1, device=device)
+    valid = True if n_drafts is None else positions < n_drafts.unsqueeze(-1)
     verdict = rule.accept_prob(target_probs[:, :-1], draft_probs, drafts, target_entropy[:, :-1])
     accept_prob = torch.where(draft_forced, 1.0, verdict.accept_prob)
-    accepted_raw = uniforms < accept_prob
+    accepted_raw = (noise.uniforms < accept_prob) & valid
+    # index of the first rejection (padding counts as rejected), or K - 1 when every draft is accepted
     rejected = ~accepted_raw
-    # index of the first rejection, or K - 1 when every draft is accepted
-    n_accepted = torch.where(rejected.any(-1), rejected.int().argmax(-1), n_drafts)
-    positions = torch.arange(n_drafts, device=device)
+    n_accepted = torch.where(rejected.any(-1), rejected.int().argmax(-1), window - 1)
     accepted = positions < n_accepted.unsqueeze(-1)
-    verified = positions <= n_accepted.unsqueeze(-1)
+    verified = (positions <= n_accepted.unsqueeze(-1)) & valid
 
-    # residual at the first rejection (computed at a clamped index; unused when nothing was rejected)
-    rej = n_accepted.clamp(max=n_drafts - 1)
+    # residual at the first rejection (computed at a clamped index; unused where nothing was rejected)
+    rej = n_accepted.clamp(max=window - 2)
     rows = torch.arange(batch, device=device)
     residual = rule.residual(target_probs[rows, rej], draft_probs[rows, rej], drafts[rows, rej])
-    replacement = sample_race(residual, residual_noise)
-    last = torch.where(n_accepted < n_drafts, replacement, samples[:, -1])
+    replacement = sample_race(residual, noise.residual)
+    every_draft = window - 1 if n_drafts is None else n_drafts
+    last = torch.where(n_accepted < every_draft, replacement, samples[rows, n_accepted])
 
     committed = torch.cat([drafts, samples[:, -1:]], dim=1)
     committed = committed.scatter(1, n_accepted.unsqueeze(-1), last.unsqueeze(-1))
 
     free = ~draft_forced
-    relaxed = accepted & free & (uniforms >= verdict.lossless_prob)
+    relaxed = accepted & free & (noise.uniforms >= verdict.lossless_prob)
     filter_pass = None if verdict.filter_pass is None else verdict.filter_pass & verified & free
     result = WindowResult(n_accepted, committed, accepted & free, relaxed, verified & free, filter_pass)
     return result, samples

@@ -15,6 +15,10 @@ nothing about acceptance rules. The contract, in the vocabulary of docs/ALGORITH
   unconditional). Turning them into the target distribution ``q`` is the shared processor pipeline's
   job (``csd.processors``), built from ``sampling``.
 * ``rollback(ctx, n)`` removes the last ``n`` cache entries (the rejected part of a window).
+* Batches: the engine decodes ``B`` images at once through ``start_batch`` / ``prefill_slot`` /
+  ``forward_batch`` / ``rollback_batch`` (a slot holds one image and its CFG rows). The defaults here
+  loop over one single-image context per slot (correct for every adapter, one forward per slot);
+  adapters with a batched cache override them so that one forward carries every slot.
 """
 
 from __future__ import annotations
@@ -83,6 +87,14 @@ class DecodeContext:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass
+class SlotContexts:
+    """The default batch state: one single-image context per slot, and which slots the last forward ran."""
+
+    contexts: list[DecodeContext | None]
+    ran: list[bool] = field(default_factory=list)
+
+
 class ModelAdapter(ABC):
     """A target model driven token by token (see the module docstring for the contract)."""
 
@@ -111,6 +123,35 @@ class ModelAdapter(ABC):
     @abstractmethod
     def rollback(self, ctx: DecodeContext, n: int) -> None:
         """Drop the last ``n`` entries of the cache."""
+
+    def start_batch(self, slots: int) -> Any:
+        """State for ``slots`` concurrent images (default: one single-image context per slot)."""
+        return SlotContexts([None] * slots)
+
+    def prefill_slot(self, state: Any, slot: int, prompt: str) -> None:
+        """(Re)start ``slot`` with ``prompt``; the other slots are untouched."""
+        state.contexts[slot] = self.prefill(prompt)
+
+    def forward_batch(self, state: Any, ids: torch.Tensor, from_prompt: list[bool], active: list[bool]) -> torch.Tensor:
+        """One window per slot: ``ids [B, K]`` (column 0 the anchor, replaced by the prompt tail where
+        ``from_prompt``) -> raw logits ``[B, rows, K, V_raw]``; inactive slots' outputs are zeros."""
+        outs: list[torch.Tensor | None] = []
+        for slot, ctx in enumerate(state.contexts):
+            if not active[slot]:
+                outs.append(None)
+            elif from_prompt[slot]:
+                outs.append(self.forward(ctx, ids[slot, 1:], with_prompt_tail=True))
+            else:
+                outs.append(self.forward(ctx, ids[slot]))
+        state.ran = list(active)
+        template = next(out for out in outs if out is not None)
+        return torch.stack([torch.zeros_like(template) if out is None else out for out in outs])
+
+    def rollback_batch(self, state: Any, n: list[int]) -> None:
+        """Drop the last ``n[b]`` cache entries of every slot the last ``forward_batch`` ran."""
+        for ctx, ran, k in zip(state.contexts, state.ran, n, strict=True):
+            if ran:
+                self.rollback(ctx, k)
 
     @abstractmethod
     def decode_images(self, ids: torch.Tensor) -> torch.Tensor:

@@ -17,7 +17,7 @@ import os
 from collections.abc import Callable
 
 import torch
-from transformers import Cache, DynamicCache, JanusConfig, JanusForConditionalGeneration
+from transformers import Cache, DynamicCache, JanusConfig, JanusForConditionalGeneration, PreTrainedModel
 
 from csd.adapters.base import (
     BodyLayout,
@@ -29,13 +29,17 @@ from csd.adapters.base import (
     to_uint8,
 )
 from csd.fast import StaticDispatch, make_static_decoder
+from csd.ragged import RaggedCache, RaggedDispatch
 
 PromptEncoder = Callable[[str], torch.Tensor]
 
 
 
 
-class JanusAdapter(StaticDispatch, ModelAdapter):
+class JanusAdapter(RaggedDispatch, StaticDispatch, ModelAdapter):
+    """Janus-Pro behind :class:`ModelAdapter`; batched decoding (``start_batch`` ...) runs on a
+    ``csd.ragged.RaggedCache`` (eager path)."""
+
     def __init__(
         self,
         model: JanusForConditionalGeneration,
@@ -61,10 +65,24 @@ class JanusAdapter(StaticDispatch, ModelAdapter):
             self.decode_step, model.config.text_config, self.layout.length, cache, compile, max_cache_len, compile_backend
         )
 
-    def decode_step(self, embeds: torch.Tensor, cache: Cache) -> torch.Tensor:
-        """Language model + image head: ``[rows, q, D]`` embeddings -> ``[rows, q, vocab_size]`` logits."""
-        hidden = self.model.model.language_model(inputs_embeds=embeds, cache=cache, use_cache=True)
+    def decode_step(self, embeds: torch.Tensor, cache: Cache | RaggedCache, position_ids: torch.Tensor | None = None,
+                    attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Language model + image head: ``[rows, q, D]`` embeddings -> ``[rows, q, vocab_size]`` logits
+        (``position_ids`` / ``attention_mask``: those of a ``RaggedCache`` forward)."""
+        hidden = self.model.model.language_model(
+            inputs_embeds=embeds, cache=cache, position_ids=position_ids, attention_mask=attention_mask, use_cache=True
+        )
         return self.model.model.generation_head(hidden.last_hidden_state)
+
+    def decoder(self) -> PreTrainedModel:
+        return self.model.model.language_model
+
+    def prompt_inputs(self, prompt: str) -> torch.Tensor:
+        """``[rows, T, D]`` input embeddings of :meth:`prompt_rows` (the CFG rows have the same length)."""
+        return self.model.get_input_embeddings()(self.prompt_rows(prompt))
+
+    def body_inputs(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.model.prepare_embeddings_for_image_generation(ids)
 
     def prompt_rows(self, prompt: str) -> torch.Tensor:
         """``[rows, T]`` prompt ids: the conditional row, then (CFG) the pad-replaced unconditional row."""
@@ -76,7 +94,7 @@ class JanusAdapter(StaticDispatch, ModelAdapter):
         return torch.stack([cond, uncond])
 
     def prefill(self, prompt: str) -> DecodeContext:
-        embeds = self.model.get_input_embeddings()(self.prompt_rows(prompt))
+        embeds = self.prompt_inputs(prompt)
         if self.static is not None:
             self.static.prefill(embeds[:, :-1])
             return DecodeContext(cache=self.static, prompt_tail=embeds[:, -1:])

@@ -8,10 +8,11 @@ are patch codes ``0 .. V-1``; LM id = ``N_TEXT + code``.
 from __future__ import annotations
 
 import torch
-from transformers import Cache, DynamicCache, LlamaForCausalLM
+from transformers import Cache, DynamicCache, LlamaForCausalLM, LlamaModel
 
 from csd.adapters.base import BodyLayout, DecodeContext, MissingWeightsError, ModelAdapter, SamplingConfig
 from csd.fast import StaticDispatch, make_static_decoder
+from csd.ragged import RaggedCache, RaggedDispatch
 from csd.toy import LM_DIR, TOKENIZER_FILE
 from csd.toy.model import load_toy_lm
 from csd.toy.tokenizer import GRID, PatchTokenizer
@@ -22,8 +23,9 @@ from csd.toy.vocab import N_TEXT, encode_caption
 DEFAULT_GUIDANCE = 1.5
 
 
-class ToyAdapter(StaticDispatch, ModelAdapter):
-    """Drives the toy LM token by token with a ``DynamicCache``; rows are ``[cond, uncond]`` under CFG."""
+class ToyAdapter(RaggedDispatch, StaticDispatch, ModelAdapter):
+    """Drives the toy LM token by token with a ``DynamicCache``; rows are ``[cond, uncond]`` under CFG.
+    Batched decoding (``start_batch`` ...) runs on a ``csd.ragged.RaggedCache``."""
 
     def __init__(self, lm: LlamaForCausalLM, tokenizer: PatchTokenizer, sampling: SamplingConfig,
                  device: str | torch.device = "cpu", cache: str = "dynamic", compile: bool = False,
@@ -39,16 +41,30 @@ class ToyAdapter(StaticDispatch, ModelAdapter):
             self.decode_step, self.lm.config, self.layout.length, cache, compile, max_cache_len, compile_backend
         )
 
-    def decode_step(self, ids: torch.Tensor, cache: Cache) -> torch.Tensor:
-        """LM + the image-code columns of its head: ``[rows, q]`` ids -> ``[rows, q, vocab_size]`` logits."""
-        hidden = self.lm.model(input_ids=ids, cache=cache, use_cache=True).last_hidden_state
+    def decode_step(self, ids: torch.Tensor, cache: Cache | RaggedCache, position_ids: torch.Tensor | None = None,
+                    attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """LM + the image-code columns of its head: ``[rows, q]`` ids -> ``[rows, q, vocab_size]`` logits
+        (``position_ids`` / ``attention_mask``: those of a ``RaggedCache`` forward)."""
+        hidden = self.lm.model(
+            input_ids=ids, cache=cache, position_ids=position_ids, attention_mask=attention_mask, use_cache=True
+        ).last_hidden_state
         return self.lm.lm_head(hidden)[..., N_TEXT:N_TEXT + self.vocab_size]
 
-    def prefill(self, prompt: str) -> DecodeContext:
+    def decoder(self) -> LlamaModel:
+        return self.lm.model
+
+    def prompt_inputs(self, prompt: str) -> torch.Tensor:
+        """``[rows, PROMPT_LEN]`` ids: the caption, then (CFG) the null caption (same length by construction)."""
         rows = [encode_caption(prompt)]
         if self.uses_cfg:
             rows.append(encode_caption(None))
-        ids = torch.stack(rows).to(self.device)
+        return torch.stack(rows).to(self.device)
+
+    def body_inputs(self, ids: torch.Tensor) -> torch.Tensor:
+        return ids.long() + N_TEXT
+
+    def prefill(self, prompt: str) -> DecodeContext:
+        ids = self.prompt_inputs(prompt)
         if self.static is not None:
             self.static.prefill(ids[:, :-1])
             return DecodeContext(cache=self.static, prompt_tail=ids[:, -1:])

@@ -1,0 +1,218 @@
+"""Batched decoding on one preallocated KV cache with a length per row (issue #14).
+
+``B`` images decode together, each at its own point of its image: slot ``b`` owns cache rows
+``b * rows .. b * rows + rows - 1`` (``rows`` = 2 under CFG, conditional first) and every row has its
+own length. Row ``r`` keeps its prompt from cache index 0 (no left padding), so cache index = position:
+the ``q`` entries of a forward go to indices ``lengths[r] .. lengths[r] + q - 1``, which are also their
+position ids, and an additive mask lets query ``j`` see keys ``0 .. lengths[r] + j`` and nothing else.
+Every forward attends over the whole capacity, so a row's numerics never depend on the other rows'
+lengths (only CPU / GPU matrix products may round a row differently for another number of rows: up to
+2e-5 on the toy's logits); masked keys weigh exactly 0 (the buffers start zeroed: no stale NaN leaks).
+
+:class:`RaggedCache` is handed to a transformers Llama as ``cache=``: its attention layers call
+:meth:`RaggedCache.update` and attend over what it returns; a 4D ``attention_mask`` bypasses the
+library's mask construction. Nothing of the model code is copied. :class:`RaggedDispatch` implements
+the adapter's batched API (``start_batch``, ``prefill_slot``, ``forward_batch``, ``rollback_batch``,
+see ``csd.adapters.base``) on it for the eager path of the toy and Janus adapters.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from transformers import PretrainedConfig
+
+from csd.adapters.base import BodyLayout
+from csd.fast import CACHE_LEN_MULTIPLE, WINDOW_RESERVE
+
+
+class RaggedCache:
+    """Per-layer key/value buffers ``[R, kv_heads, capacity, head_dim]`` and a length per row.
+
+    Protocol: :meth:`extend` before each forward (it picks the rows the forward runs on and returns their
+    position ids and attention mask), then the model's layers call :meth:`update`. ``lengths`` lives on the
+    device (positions and masks are built without a host sync); ``filled`` mirrors it on the host for the
+    bounds checks.
+    """
+
+    def __init__(self, config: PretrainedConfig, rows: int, capacity: int, dtype: torch.dtype,
+                 device: torch.device) -> None:
+        self.kv_heads = config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        self.num_layers = config.num_hidden_layers
+        self.rows, self.dtype, self.device = rows, dtype, torch.device(device)
+        self.capacity = 0
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+        self.grow(capacity)
+        self.lengths = torch.zeros(rows, dtype=torch.long, device=self.device)
+        self.filled = [0] * rows
+        self._active = slice(0, rows)
+        self._write = self._row_index = torch.zeros(0, dtype=torch.long, device=self.device)
+
+    def grow(self, capacity: int) -> None:
+        """Enlarge every buffer to ``capacity`` entries per row, keeping its content (new entries zeroed)."""
+        if capacity <= self.capacity:
+            return
+        shape = (self.rows, self.kv_heads, capacity, self.head_dim)
+        old = self.keys + self.values
+        new = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(2 * self.num_layers)]
+        for src, dst in zip(old, new[:len(old)], strict=True):
+            dst[:, :, :self.capacity] = src
+        self.keys, self.values = new[:self.num_layers], new[self.num_layers:]
+        self.capacity = capacity
+
+    def reset(self, rows: slice) -> None:
+        """Empty ``rows`` (a new prompt starts at cache index 0)."""
+        self.lengths[rows] = 0
+        for r in range(*rows.indices(self.rows)):
+            self.filled[r] = 0
+
+    def extend(self, rows: slice, q: int, advance: Sequence[bool] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Reserve ``q`` entries on each of ``rows`` for the next forward; returns its ``position_ids [A, q]`` and
+        additive ``attention_mask [A, 1, q, capacity]`` (0 where key ``k <= lengths[r] + j``, dtype min elsewhere).
+
+        Rows not flagged in ``advance`` (default: all flagged) keep their length: their entries are written
+        past it (clamped to the last one, so a full row may lose its last entry) and never attended to.
+        """
+        indices = range(*rows.indices(self.rows))
+        advance = [True] * len(indices) if advance is None else list(advance)
+        for r, grows in zip(indices, advance, strict=True):
+            if grows and self.filled[r] + q > self.capacity:
+                raise ValueError(
+                    f"cache overflow: row {r} holds {self.filled[r]} + {q} entries > capacity {self.capacity}"
+                )
+        positions = (self.lengths[rows, None] + torch.arange(q, device=self.device)).clamp(max=self.capacity - 1)
+        visible = torch.arange(self.capacity, device=self.device) <= positions[:, :, None]
+        mask = torch.zeros(visible.shape, dtype=self.dtype, device=self.device)
+        mask.masked_fill_(~visible, torch.finfo(self.dtype).min)
+        self._active, self._write = rows, positions
+        self._row_index = torch.arange(positions.shape[0], device=self.device)[:, None]
+        self.lengths[rows] += q * torch.tensor(advance, dtype=torch.long, device=self.device)
+        for r, grows in zip(indices, advance, strict=True):
+            self.filled[r] += q * grows
+        return positions, mask.unsqueeze(1)
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,
+               kwargs: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write a layer's new ``[A, H, q, D]`` keys/values at the reserved positions; return the active rows'
+        full ``[A, H, capacity, D]`` buffers (the transformers ``Cache.update`` contract)."""
+        keys = self.keys[layer_idx][self._active]
+        values = self.values[layer_idx][self._active]
+        keys[self._row_index, :, self._write] = key_states.transpose(1, 2)
+        values[self._row_index, :, self._write] = value_states.transpose(1, 2)
+        return keys, values
+
+    def rollback(self, n: Sequence[int]) -> None:
+        """Drop the last ``n[r]`` entries of each row ``r`` (their stale keys stay, masked out, until overwritten)."""
+        if len(n) != self.rows:
+            raise ValueError(f"rollback needs one count per cache row ({self.rows}), got {len(n)}")
+        for r, k in enumerate(n):
+            if not 0 <= k <= self.filled[r]:
+                raise ValueError(f"cannot roll back {k} of the {self.filled[r]} entries of cache row {r}")
+        self.filled = [f - k for f, k in zip(self.filled, n, strict=True)]
+        self.lengths -= torch.tensor(n, dtype=torch.long, device=self.device)
+
+
+@dataclass
+class RaggedBatch:
+    """The state of ``slots`` concurrent images: the cache, each row's prompt tail (the first anchor) and
+    which slots the last forward advanced."""
+
+    cache: RaggedCache
+    slots: int
+    rows: int
+    #: ``[slots * rows, 1, ...]`` model input of each row's last prompt token (ids or embeddings); set by prefill
+    prompt_tail: torch.Tensor | None = None
+    ran: list[bool] = field(default_factory=list)
+
+    def slot_rows(self, slot: int) -> slice:
+        if not 0 <= slot < self.slots:
+            raise ValueError(f"slot={slot} must be in [0, {self.slots})")
+        return slice(slot * self.rows, (slot + 1) * self.rows)
+
+
+class RaggedDispatch:
+    """Adapter mixin: the batched API of ``csd.adapters.base`` on a :class:`RaggedCache` (eager path only).
+
+    The adapter provides ``prompt_inputs(prompt) -> [rows, T, ...]`` (model inputs of the CFG rows of a
+    prompt), ``body_inputs(ids [N, K]) -> [N, K, ...]`` (model inputs of body token ids),
+    ``decode_step(inputs, cache, position_ids, attention_mask) -> [N, q, V]`` and ``decoder()`` (the
+    transformers decoder whose layers the cache serves).
+    """
+
+    static: object | None
+    layout: BodyLayout
+    uses_cfg: bool
+
+    def start_batch(self, slots: int) -> Any:
+        """A cache for ``slots`` images of ``rows`` CFG rows; its capacity is set by the first prompts. With the
+        static (compiled) cache only one image at a time, on the base class's single context."""
+        if self.static is not None:
+            if slots > 1:
+                raise NotImplementedError(
+                    f"engine.batch_size={slots} with engine.compile=true is not supported: batched decoding runs "
+                    "on the eager cache; set engine.compile=false or engine.batch_size=1"
+                )
+            return super().start_batch(slots)
+        if slots < 1:
+            raise ValueError(f"slots={slots} must be >= 1")
+        rows = 2 if self.uses_cfg else 1
+        decoder = self.decoder()
+        cache = RaggedCache(decoder.config, slots * rows, 0, decoder.dtype, decoder.device)
+        return RaggedBatch(cache, slots, rows, ran=[False] * slots)
+
+    @torch.no_grad()
+    def prefill_slot(self, state: Any, slot: int, prompt: str) -> None:
+        """(Re)start ``slot``: its rows hold every prompt token but the last, kept as the slot's first anchor.
+
+        The cache grows (other rows keep their entries) when the prompt plus the image body and a window
+        reserve (``csd.fast.WINDOW_RESERVE``) do not fit; sizes are rounded up to ``CACHE_LEN_MULTIPLE``.
+        """
+        if not isinstance(state, RaggedBatch):
+            return super().prefill_slot(state, slot, prompt)
+        rows = state.slot_rows(slot)
+        inputs = self.prompt_inputs(prompt)
+        need = inputs.shape[1] - 1 + self.layout.length + WINDOW_RESERVE
+        state.cache.grow(math.ceil(need / CACHE_LEN_MULTIPLE) * CACHE_LEN_MULTIPLE)
+        if state.prompt_tail is None:
+            state.prompt_tail = inputs.new_zeros((state.cache.rows, 1, *inputs.shape[2:]))
+        state.prompt_tail[rows] = inputs[:, -1:]
+        state.cache.reset(rows)
+        if inputs.shape[1] > 1:
+            position_ids, mask = state.cache.extend(rows, inputs.shape[1] - 1)
+            self.decode_step(inputs[:, :-1], state.cache, position_ids, mask)
+
+    @torch.no_grad()
+    def forward_batch(self, state: Any, ids: torch.Tensor, from_prompt: Sequence[bool],
+                      active: Sequence[bool]) -> torch.Tensor:
+        """One forward of every slot's window ``ids [B, K]``: raw logits ``[B, rows, K, V]``, row for row those
+        of the single-context ``forward`` (column 0 is the anchor; the prompt tail where ``from_prompt``).
+        Inactive slots' caches do not advance and their logits are meaningless."""
+        if not isinstance(state, RaggedBatch):
+            return super().forward_batch(state, ids, from_prompt, active)
+        slots, k = ids.shape
+        if slots != state.slots or state.prompt_tail is None:
+            raise ValueError(f"forward_batch needs ids for all {state.slots} slots after a prefill, got {slots}")
+        rows = state.rows
+        inputs = self.body_inputs(ids.to(state.cache.device).repeat_interleave(rows, dim=0))
+        anchors = torch.tensor(from_prompt, device=inputs.device).repeat_interleave(rows)
+        anchors = anchors.view(-1, *[1] * (inputs.dim() - 1))
+        inputs[:, :1] = torch.where(anchors, state.prompt_tail, inputs[:, :1])
+        advance = [a for a in active for _ in range(rows)]
+        position_ids, mask = state.cache.extend(slice(0, state.cache.rows), k, advance)
+        state.ran = list(active)
+        logits = self.decode_step(inputs, state.cache, position_ids, mask)
+        return logits.view(slots, rows, k, -1)
+
+    def rollback_batch(self, state: Any, n: Sequence[int]) -> None:
+        """Drop the last ``n[b]`` entries of every row of slot ``b``, for each slot the last forward advanced."""
+        if not isinstance(state, RaggedBatch):
+            return super().rollback_batch(state, n)
+        if len(n) != state.slots:
+            raise ValueError(f"rollback_batch needs one count per slot ({state.slots}), got {len(n)}")
+        state.cache.rollback([int(k) * ran for k, ran in zip(n, state.ran, strict=True) for _ in range(state.rows)])

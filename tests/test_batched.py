@@ -1,0 +1,145 @@
+"""Batched decoding: an image depends only on (prompt, seed), never on its neighbours or the batch size.
+
+fp32 token identity B = 1 vs 3 vs 8 (mixed prompt lengths, every rule family and drafting variant),
+continuous refill, and the chi-square lossless test with rows of different prompts in one batch.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+
+from baselines.gsd import GSD
+from csd.acceptance import CSD, SJD
+from csd.adapters.emu3 import tiny_emu3_adapter
+from csd.adapters.janus import tiny_janus_adapter
+from csd.adapters.lumina import tiny_lumina_adapter
+from csd.engine import JacobiEngine, Request
+from tests.helpers import chi_square_pvalue, exact_sequence_distribution
+
+PROMPTS = ["a", "two red circles left of a blue square", "a cat", "a lighthouse on a cliff at sunset, oil painting"]
+
+
+@pytest.fixture(scope="module")
+def janus():
+    return tiny_janus_adapter(grid=4, codebook=16, head_scale=20.0)
+
+
+def requests(n: int, offset: int = 0) -> list[Request]:
+    return [Request(PROMPTS[i % len(PROMPTS)], seed=offset + 7 * i, key=i) for i in range(n)]
+
+
+def decode(adapter, batch_size: int, reqs: list[Request], **engine_args) -> dict[int, tuple]:
+    """key -> (tokens, nfe, stats, commit_iter, commit_kind) of every request."""
+    engine = JacobiEngine(adapter, engine_args.pop("rule", SJD()), batch_size=batch_size, **engine_args)
+    out = {}
+    for req, gen in engine.generate_many(reqs):
+        assert req.key not in out
+        out[req.key] = (gen.tokens.tolist(), gen.nfe, gen.stats, gen.commit_iter.tolist(), gen.commit_kind.tolist())
+    assert sorted(out) == sorted(r.key for r in reqs)
+    return out
+
+
+CASES = {
+    "ar": {"rule": SJD(), "window": 1},
+    "sjd": {"rule": SJD(), "window": 5},
+    "csd": {"rule": CSD(lam=0.5, delta=0.9), "window": 5},
+    "gsd": {"rule": GSD(group_size=4, prob_threshold=0.3, embed_threshold=10.0), "window": 4},
+    "maximal": {"rule": SJD(), "window": 5, "coupling": "maximal"},
+    "gumbel": {"rule": SJD(), "window": 5, "coupling": "gumbel"},
+    "repeat_left": {"rule": CSD(lam=0.5, delta=0.9), "window": 6, "init": "repeat_left"},
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_batched_tokens_equal_batch_one(janus, case):
+    reqs = requests(10)
+    single = decode(janus, 1, reqs, **dict(CASES[case]))
+    for batch_size in (3, 8):
+        assert decode(janus, batch_size, reqs, **dict(CASES[case])) == single, batch_size
+
+
+def test_generate_is_a_batch_of_one(janus):
+    engine = JacobiEngine(janus, SJD(), window=5, batch_size=4)
+    gen = engine.generate(PROMPTS[1], seed=3)
+    alone = JacobiEngine(janus, SJD(), window=5).generate(PROMPTS[1], seed=3)
+    assert gen.tokens.tolist() == alone.tokens.tolist() and gen.nfe == alone.nfe
+    assert gen.batched and gen.decode_s is None and gen.prefill_s is None
+    assert not alone.batched and alone.decode_s > 0
+
+
+@pytest.mark.parametrize("build", [lambda: tiny_lumina_adapter(head_scale=3.0, jacobi_tail=3), lambda: tiny_emu3_adapter(grid=(2, 3), head_scale=3.0)],
+                         ids=["lumina", "emu3"])
+def test_forced_tokens_and_jacobi_tail_batched(build):
+    """Lumina-mGPT / Emu3 (forced structural tokens, Lumina's AR tail) give the same images batched."""
+    adapter = build()
+    reqs = requests(5)
+    assert decode(adapter, 3, reqs, window=4) == decode(adapter, 1, reqs, window=4)
+
+
+def test_refill_keeps_every_slot_busy(janus):
+    """5 images through 2 slots: finished rows are refilled, the last partly empty batch finishes."""
+    engine = JacobiEngine(janus, SJD(), window=5, batch_size=2)
+    calls = []
+    forward = janus.forward_batch
+
+    def counting(state, ids, from_prompt, active):
+        calls.append(sum(active))
+        return forward(state, ids, from_prompt, active)
+
+    janus.forward_batch = counting
+    try:
+        done = [req.key for req, _ in engine.generate_many(requests(5))]
+    finally:
+        del janus.forward_batch
+    assert sorted(done) == list(range(5))
+    assert calls.count(2) > calls.count(1) > 0  # full batches until the tail, then one row
+    assert calls[-1] == 1
+
+
+def test_fewer_images_than_slots(janus):
+    reqs = requests(2)
+    assert decode(janus, 8, reqs, window=5) == decode(janus, 1, reqs, window=5)
+    assert list(JacobiEngine(janus, SJD(), batch_size=4).generate_many([])) == []
+
+
+def test_batched_sjd_is_lossless_with_mixed_prompts():
+    """Chi-square of SJD sequences vs the exact AR law, two prompts of different lengths in every batch."""
+    adapter = tiny_janus_adapter(grid=2, codebook=3, head_scale=20.0, guidance_scale=2.0, seed=1)
+    prompts = ["a cat", "a much longer prompt about a dog"]
+    exact = {p: exact_sequence_distribution(adapter, p) for p in prompts}
+    engine = JacobiEngine(adapter, SJD(), window=3, batch_size=8)
+    reqs = [Request(prompts[i % 2], seed=50_000 + i, key=prompts[i % 2]) for i in range(3000)]
+    counts = {p: Counter() for p in prompts}
+    for req, gen in engine.generate_many(reqs):
+        counts[req.key][tuple(gen.tokens.tolist())] += 1
+    for p in prompts:
+        assert chi_square_pvalue(counts[p], exact[p]) > 1e-3, p
+    assert exact[prompts[0]] != exact[prompts[1]]  # the prompts really differ, so mixing them would show
+
+
+def test_one_host_sync_per_batched_iteration(janus, monkeypatch):
+    """One read of the committed counts per iteration for the whole batch, plus one per finished image."""
+    engine = JacobiEngine(janus, CSD(lam=0.5, delta=0.9), window=5, batch_size=4)
+    calls = []
+    for name in ("item", "__int__", "__bool__", "__float__", "__index__", "tolist"):
+        original = getattr(torch.Tensor, name)
+
+        def counted(self, *args, _original=original, _name=name, **kwargs):
+            calls.append(_name)
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    iterations = []
+    step = engine._iteration
+
+    def counting(state, slots):
+        iterations.append(1)
+        return step(state, slots)
+
+    monkeypatch.setattr(engine, "_iteration", counting)
+    gens = [gen for _, gen in engine.generate_many(requests(4))]
+    monkeypatch.undo()
+    assert len(calls) == len(iterations) + len(gens), calls
