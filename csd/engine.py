@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from csd.acceptance import AcceptanceRule, entropy
-from csd.adapters.base import ModelAdapter
+from csd.adapters.base import ModelAdapter, to_device
 from csd.processors import TargetPipeline
 from csd.records import COMMIT_ACCEPTED, COMMIT_FORCED, COMMIT_RELAXED, COMMIT_SAMPLED
 from csd.verify import WindowNoise, couple_drafts, exponential_noise, verify_window
@@ -132,8 +132,6 @@ class JacobiEngine:
             raise ValueError(f"coupling must be one of {COUPLINGS}, got {coupling!r}")
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        if batch_size > 1 and getattr(adapter, "static", None) is not None:
-            raise ValueError("the static-cache (compiled) path decodes one image at a time: use batch_size=1")
         self.adapter, self.rule, self.window, self.init = adapter, rule, window, init
         # maximal (MC-SJD): refreshed drafts are old drafts maximally coupled with their new targets
         # (recorded p = new q); gumbel: every sample for body position n uses the same Exp(1) noise E_n
@@ -258,7 +256,7 @@ class JacobiEngine:
             noise.samples[b, : w.rows], noise.uniforms[b, : w.rows - 1], noise.residual[b] = own.samples[0], own.uniforms[0], own.residual[0]
             drafts[b, : w.rows - 1], draft_probs[b, : w.rows - 1] = w.drafts, w.draft_probs
             forced[b, : w.rows - 1] = self.is_forced[image.n : image.n + w.rows - 1]
-        n_drafts = torch.tensor([0 if w is None else w.rows - 1 for w in windows], device=device)
+        n_drafts = to_device([0 if w is None else w.rows - 1 for w in windows], device)
         result, samples = verify_window(self.rule, target, target_ent, drafts, draft_probs, forced, noise, n_drafts)
         kind = torch.full((len(slots), rows), COMMIT_SAMPLED, dtype=torch.long, device=device)
         kind[:, : rows - 1] = torch.where(

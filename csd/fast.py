@@ -9,7 +9,8 @@ for every prompt. Prefill (any prompt length) runs eagerly on the same cache.
 :class:`StaticDecoder` is generic over adapters: it drives any ``run(inputs, cache) -> logits``
 (a transformers decoder fed ``inputs_embeds`` or ids, plus an output head) and owns the cache, its
 length (kept in Python: reading ``StaticCache.get_seq_length()`` would be a device sync) and the
-rollback of rejected window rows (:func:`rollback_static_cache`).
+rollback of rejected window rows (:func:`rollback_static_cache`). Batched decoding (``engine.batch_size > 1``)
+runs the same compiled step on a fixed-capacity ``csd.ragged.RaggedCache`` instead (:meth:`StaticDecoder.call`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import transformers
@@ -35,7 +37,14 @@ WINDOW_RESERVE = 64
 #: one cache (a new cache means new CUDA graphs: a recompilation)
 CACHE_LEN_MULTIPLE = 256
 
-StepFn = Callable[[torch.Tensor, StaticCache], torch.Tensor]
+#: ``run(inputs, cache, ...) -> logits``: a ``StaticCache`` step, or a ``RaggedCache`` one with its position ids and mask
+StepFn = Callable[..., torch.Tensor]
+
+
+def default_cache_len(prompt_len: int, body_len: int) -> int:
+    """Cache entries for a prompt of ``prompt_len`` entries, the body and ``WINDOW_RESERVE``, rounded up to
+    ``CACHE_LEN_MULTIPLE``."""
+    return math.ceil((prompt_len + body_len + WINDOW_RESERVE) / CACHE_LEN_MULTIPLE) * CACHE_LEN_MULTIPLE
 
 
 def check_transformers_version(version: str = transformers.__version__) -> None:
@@ -115,8 +124,7 @@ class StaticDecoder:
         """The cache length a prompt of ``prompt_len`` entries gets (the configured one when set)."""
         if self.max_cache_len is not None:
             return self.max_cache_len
-        need = prompt_len + self.body_len + WINDOW_RESERVE
-        return math.ceil(need / CACHE_LEN_MULTIPLE) * CACHE_LEN_MULTIPLE
+        return default_cache_len(prompt_len, self.body_len)
 
     def _select_cache(self, rows: int, prompt_len: int) -> tuple[StaticCache, int]:
         length = self.cache_len_for(prompt_len)
@@ -154,13 +162,18 @@ class StaticDecoder:
             raise ValueError(
                 f"cache overflow: {self.length} + {q} entries > max_cache_len={self.capacity}; raise engine.max_cache_len"
             )
-        if self.compiled:
-            torch.compiler.cudagraph_mark_step_begin()
         # strides are part of a compiled shape: an expanded (stride-0) input would trace a second graph
-        logits = self.step_fn(inputs.contiguous(), self.cache)
+        logits = self.call(inputs.contiguous(), self.cache)
         self.length += q
-        # a CUDA-graph replay overwrites its output buffer: the caller keeps a copy
-        return logits.clone() if self.compiled else logits
+        return logits
+
+    def call(self, *args: Any) -> torch.Tensor:
+        """``step_fn(*args)``; compiled, as a new CUDA-graph step whose output is cloned (a replay overwrites
+        its output buffer, so the caller keeps a copy)."""
+        if not self.compiled:
+            return self.step_fn(*args)
+        torch.compiler.cudagraph_mark_step_begin()
+        return self.step_fn(*args).clone()
 
     def rollback(self, n: int) -> None:
         """Drop the last ``n`` entries (the rejected rows of a window)."""
@@ -195,7 +208,7 @@ class StaticDispatch:
 
 
 def make_static_decoder(
-    run: Callable[[torch.Tensor, StaticCache], torch.Tensor],
+    run: StepFn,
     config: PretrainedConfig,
     body_len: int,
     cache: str = "dynamic",

@@ -13,12 +13,17 @@ lengths (only CPU / GPU matrix products may round a row differently for another 
 :meth:`RaggedCache.update` and attend over what it returns; a 4D ``attention_mask`` bypasses the
 library's mask construction. Nothing of the model code is copied. :class:`RaggedDispatch` implements
 the adapter's batched API (``start_batch``, ``prefill_slot``, ``forward_batch``, ``rollback_batch``,
-see ``csd.adapters.base``) on it for the eager path of the toy and Janus adapters.
+see ``csd.adapters.base``) on it for the toy and Janus adapters.
+
+Compiled (``engine.compile=true``, the adapter's ``csd.fast.StaticDecoder``): the cache has a fixed
+capacity and its buffers static addresses, kept on the adapter across batches; the decode step is the
+StaticDecoder's compiled function, fed ``[B * rows, L]`` or ``[B * rows, 1]`` (the engine pads windows),
+so two graphs in all. Position ids, write indices and the mask are computed from the device ``lengths``
+outside the graph (inputs of fixed shape, copied into a CUDA graph's static inputs); prefill is eager.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,8 +31,8 @@ from typing import Any
 import torch
 from transformers import PretrainedConfig
 
-from csd.adapters.base import BodyLayout
-from csd.fast import CACHE_LEN_MULTIPLE, WINDOW_RESERVE
+from csd.adapters.base import BodyLayout, to_device
+from csd.fast import StaticDecoder, default_cache_len
 
 
 class RaggedCache:
@@ -36,11 +41,12 @@ class RaggedCache:
     Protocol: :meth:`extend` before each forward (it picks the rows the forward runs on and returns their
     position ids and attention mask), then the model's layers call :meth:`update`. ``lengths`` lives on the
     device (positions and masks are built without a host sync); ``filled`` mirrors it on the host for the
-    bounds checks.
+    bounds checks. ``fixed``: the capacity never grows and the buffers are marked as static addresses
+    (a CUDA graph writes into them in place, no copy).
     """
 
     def __init__(self, config: PretrainedConfig, rows: int, capacity: int, dtype: torch.dtype,
-                 device: torch.device) -> None:
+                 device: torch.device, fixed: bool = False) -> None:
         self.kv_heads = config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         self.num_layers = config.num_hidden_layers
@@ -49,6 +55,10 @@ class RaggedCache:
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
         self.grow(capacity)
+        self.fixed = fixed
+        if fixed:
+            for buffer in self.keys + self.values:
+                torch._dynamo.mark_static_address(buffer)
         self.lengths = torch.zeros(rows, dtype=torch.long, device=self.device)
         self.filled = [0] * rows
         self._active = slice(0, rows)
@@ -85,6 +95,7 @@ class RaggedCache:
             if grows and self.filled[r] + q > self.capacity:
                 raise ValueError(
                     f"cache overflow: row {r} holds {self.filled[r]} + {q} entries > capacity {self.capacity}"
+                    + ("; raise engine.max_cache_len" if self.fixed else "")
                 )
         positions = (self.lengths[rows, None] + torch.arange(q, device=self.device)).clamp(max=self.capacity - 1)
         visible = torch.arange(self.capacity, device=self.device) <= positions[:, :, None]
@@ -92,7 +103,7 @@ class RaggedCache:
         mask.masked_fill_(~visible, torch.finfo(self.dtype).min)
         self._active, self._write = rows, positions
         self._row_index = torch.arange(positions.shape[0], device=self.device)[:, None]
-        self.lengths[rows] += q * torch.tensor(advance, dtype=torch.long, device=self.device)
+        self.lengths[rows] += q * to_device(advance, self.device)
         for r, grows in zip(indices, advance, strict=True):
             self.filled[r] += q * grows
         return positions, mask.unsqueeze(1)
@@ -115,15 +126,15 @@ class RaggedCache:
             if not 0 <= k <= self.filled[r]:
                 raise ValueError(f"cannot roll back {k} of the {self.filled[r]} entries of cache row {r}")
         self.filled = [f - k for f, k in zip(self.filled, n, strict=True)]
-        self.lengths -= torch.tensor(n, dtype=torch.long, device=self.device)
+        self.lengths -= to_device(n, self.device)
 
 
 @dataclass
 class RaggedBatch:
-    """The state of ``slots`` concurrent images: the cache, each row's prompt tail (the first anchor) and
-    which slots the last forward advanced."""
+    """The state of ``slots`` concurrent images: the cache (static path: picked by the first prefill), each
+    row's prompt tail (the first anchor) and which slots the last forward advanced."""
 
-    cache: RaggedCache
+    cache: RaggedCache | None
     slots: int
     rows: int
     #: ``[slots * rows, 1, ...]`` model input of each row's last prompt token (ids or embeddings); set by prefill
@@ -137,48 +148,71 @@ class RaggedBatch:
 
 
 class RaggedDispatch:
-    """Adapter mixin: the batched API of ``csd.adapters.base`` on a :class:`RaggedCache` (eager path only).
+    """Adapter mixin: the batched API of ``csd.adapters.base`` on a :class:`RaggedCache`.
 
     The adapter provides ``prompt_inputs(prompt) -> [rows, T, ...]`` (model inputs of the CFG rows of a
     prompt), ``body_inputs(ids [N, K]) -> [N, K, ...]`` (model inputs of body token ids),
-    ``decode_step(inputs, cache, position_ids, attention_mask) -> [N, q, V]`` and ``decoder()`` (the
-    transformers decoder whose layers the cache serves).
+    ``decode_step(inputs, cache, position_ids, attention_mask) -> [N, q, V]``, ``decoder()`` (the
+    transformers decoder whose layers the cache serves) and ``static`` (None: eager, growing cache).
     """
 
-    static: object | None
+    static: StaticDecoder | None
     layout: BodyLayout
     uses_cfg: bool
+    #: static path: the fixed-capacity cache of the last batch, reused by the next one of the same size (new
+    #: buffers would re-record the CUDA graphs); one batch decodes on an adapter at a time
+    fixed_cache: RaggedCache | None = None
 
     def start_batch(self, slots: int) -> Any:
         """A cache for ``slots`` images of ``rows`` CFG rows; its capacity is set by the first prompts. With the
-        static (compiled) cache only one image at a time, on the base class's single context."""
-        if self.static is not None:
-            if slots > 1:
-                raise NotImplementedError(
-                    f"engine.batch_size={slots} with engine.compile=true is not supported: batched decoding runs "
-                    "on the eager cache; set engine.compile=false or engine.batch_size=1"
-                )
-            return super().start_batch(slots)
+        static (compiled) cache, one image decodes on the StaticDecoder's single context (``csd.fast``)."""
         if slots < 1:
             raise ValueError(f"slots={slots} must be >= 1")
+        if self.static is not None and slots == 1:
+            return super().start_batch(slots)
         rows = 2 if self.uses_cfg else 1
+        if self.static is not None:
+            return RaggedBatch(None, slots, rows, ran=[False] * slots)
         decoder = self.decoder()
         cache = RaggedCache(decoder.config, slots * rows, 0, decoder.dtype, decoder.device)
         return RaggedBatch(cache, slots, rows, ran=[False] * slots)
+
+    def _static_cache(self, rows: int, prompt_len: int) -> RaggedCache:
+        """The fixed cache of ``rows`` rows, ``engine.max_cache_len`` entries (else sized for ``prompt_len``),
+        emptied; the previous one when it has this shape."""
+        capacity = self.static.cache_len_for(prompt_len)
+        cache = self.fixed_cache
+        if cache is None or (cache.rows, cache.capacity) != (rows, capacity):
+            self.fixed_cache = None  # free the old buffers first
+            decoder = self.decoder()
+            cache = RaggedCache(decoder.config, rows, capacity, decoder.dtype, decoder.device, fixed=True)
+            self.fixed_cache = cache
+        cache.reset(slice(0, rows))
+        return cache
 
     @torch.no_grad()
     def prefill_slot(self, state: Any, slot: int, prompt: str) -> None:
         """(Re)start ``slot``: its rows hold every prompt token but the last, kept as the slot's first anchor.
 
-        The cache grows (other rows keep their entries) when the prompt plus the image body and a window
-        reserve (``csd.fast.WINDOW_RESERVE``) do not fit; sizes are rounded up to ``CACHE_LEN_MULTIPLE``.
+        Eager path: the cache grows (other rows keep their entries) when the prompt plus the image body and a
+        window reserve do not fit (``csd.fast.default_cache_len``). Static path: the batch's first prompt
+        picks the fixed capacity (``engine.max_cache_len`` when set); a later prompt must fit it.
         """
         if not isinstance(state, RaggedBatch):
             return super().prefill_slot(state, slot, prompt)
         rows = state.slot_rows(slot)
         inputs = self.prompt_inputs(prompt)
-        need = inputs.shape[1] - 1 + self.layout.length + WINDOW_RESERVE
-        state.cache.grow(math.ceil(need / CACHE_LEN_MULTIPLE) * CACHE_LEN_MULTIPLE)
+        prompt_len, body_len = inputs.shape[1] - 1, self.layout.length
+        if self.static is None:
+            state.cache.grow(default_cache_len(prompt_len, body_len))
+        else:
+            if state.cache is None:
+                state.cache = self._static_cache(state.slots * state.rows, prompt_len)
+            if prompt_len + body_len > state.cache.capacity:
+                raise ValueError(
+                    f"a prompt of {prompt_len} cache entries plus a body of {body_len} does not fit the batched "
+                    f"cache of {state.cache.capacity} entries; raise engine.max_cache_len"
+                )
         if state.prompt_tail is None:
             state.prompt_tail = inputs.new_zeros((state.cache.rows, 1, *inputs.shape[2:]))
         state.prompt_tail[rows] = inputs[:, -1:]
@@ -200,13 +234,16 @@ class RaggedDispatch:
             raise ValueError(f"forward_batch needs ids for all {state.slots} slots after a prefill, got {slots}")
         rows = state.rows
         inputs = self.body_inputs(ids.to(state.cache.device).repeat_interleave(rows, dim=0))
-        anchors = torch.tensor(from_prompt, device=inputs.device).repeat_interleave(rows)
+        anchors = to_device(from_prompt, inputs.device, torch.bool).repeat_interleave(rows)
         anchors = anchors.view(-1, *[1] * (inputs.dim() - 1))
         inputs[:, :1] = torch.where(anchors, state.prompt_tail, inputs[:, :1])
         advance = [a for a in active for _ in range(rows)]
         position_ids, mask = state.cache.extend(slice(0, state.cache.rows), k, advance)
         state.ran = list(active)
-        logits = self.decode_step(inputs, state.cache, position_ids, mask)
+        if self.static is None:
+            logits = self.decode_step(inputs, state.cache, position_ids, mask)
+        else:  # the compiled step: one graph per window length K (1 or the engine's padded L)
+            logits = self.static.call(inputs.contiguous(), state.cache, position_ids, mask)
         return logits.view(slots, rows, k, -1)
 
     def rollback_batch(self, state: Any, n: Sequence[int]) -> None:

@@ -16,7 +16,7 @@ from transformers import DynamicCache, StaticCache
 
 from csd.acceptance import CSD, SJD
 from csd.adapters.janus import tiny_janus_adapter
-from csd.engine import JacobiEngine
+from csd.engine import JacobiEngine, Request
 from csd.fast import StaticDecoder, check_transformers_version, rollback_static_cache
 from experiments import bench_latency
 
@@ -155,3 +155,109 @@ def test_toy_model_static_and_compiled_paths_are_token_identical():
         ref = decode(dynamic, rule, window, False, prompt, 0)
         for path, adapter in fast.items():
             assert torch.equal(decode(adapter, rule, window, True, prompt, 0).tokens, ref.tokens), path
+
+
+# ------------------------------------------------------------------ batched compiled decoding (RaggedCache)
+
+BATCH_PROMPTS = ["a", "two red circles left of a blue square", "a cat", "a lighthouse on a cliff at sunset, oil painting"]
+BATCHED_TINY = dict(grid=4, codebook=16, head_scale=20.0)
+
+
+def decode_many(adapter, batch_size: int, reqs: list[Request], pad: bool, rule, window: int = 5) -> dict:
+    """key -> (tokens, nfe, stats, commit_iter) of every request."""
+    engine = JacobiEngine(adapter, rule, window=window, pad_window=pad, batch_size=batch_size)
+    return {
+        req.key: (gen.tokens.tolist(), gen.nfe, gen.stats, gen.commit_iter.tolist())
+        for req, gen in engine.generate_many(reqs)
+    }
+
+
+def batch_requests(n: int, offset: int = 0) -> list[Request]:
+    return [Request(BATCH_PROMPTS[i % len(BATCH_PROMPTS)], seed=offset + 7 * i, key=i) for i in range(n)]
+
+
+def unique_graphs() -> int:
+    return torch._dynamo.utils.counters["stats"]["unique_graphs"]
+
+
+def test_batched_compiled_engine_two_graphs_no_recompile_same_tokens():
+    """B = 3 on the compiled step: exactly two graphs ([3 * 2, 5] and [3 * 2, 1]) for every prompt, refill and
+    rule, and the tokens / NFE / stats of the batched eager engine and of batch 1."""
+    torch.compiler.reset()
+    compiled = tiny_janus_adapter(**BATCHED_TINY, cache="static", compile=True, compile_backend="aot_eager")
+    eager = tiny_janus_adapter(**BATCHED_TINY)
+    before = unique_graphs()
+    decode_many(compiled, 3, batch_requests(3), True, SJD(), window=1)  # q = 1
+    decode_many(compiled, 3, batch_requests(3), True, SJD())  # q = 5
+    assert unique_graphs() - before == 2
+    assert compiled.fixed_cache.rows == 6 and compiled.fixed_cache.fixed
+    reqs = batch_requests(7, offset=100)  # more requests than slots: refills, and a partly empty last batch
+    with torch.compiler.set_stance("fail_on_recompile"):
+        for rule in (SJD(), CSD(lam=0.5, delta=0.9)):
+            batched = decode_many(compiled, 3, reqs, True, rule)
+            assert batched == decode_many(eager, 3, reqs, False, rule)
+            assert batched == decode_many(eager, 1, reqs, False, rule)
+        with pytest.raises(RuntimeError, match="recompile"):  # the check is live: a third shape would compile
+            decode_many(compiled, 3, reqs[:3], True, SJD(), window=3)
+    assert unique_graphs() - before == 2
+
+
+def test_batched_compiled_engine_one_host_sync_per_iteration(monkeypatch):
+    """As ``tests/test_batched.py``: one read of the committed counts per iteration, plus one per image."""
+    adapter = tiny_janus_adapter(**BATCHED_TINY, cache="static", compile=True, compile_backend="aot_eager")
+    engine = JacobiEngine(adapter, CSD(lam=0.5, delta=0.9), window=5, pad_window=True, batch_size=3)
+    list(engine.generate_many(batch_requests(3)))  # compile outside the count
+    calls = []
+    for name in ("item", "__int__", "__bool__", "__float__", "__index__", "tolist"):
+        original = getattr(torch.Tensor, name)
+
+        def counted(self, *args, _original=original, _name=name, **kwargs):
+            calls.append(_name)
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    iterations = []
+    step = engine._iteration
+
+    def counting(state, slots):
+        iterations.append(1)
+        return step(state, slots)
+
+    monkeypatch.setattr(engine, "_iteration", counting)
+    gens = [gen for _, gen in engine.generate_many(batch_requests(4, offset=50))]
+    monkeypatch.undo()
+    assert len(calls) == len(iterations) + len(gens), calls
+
+
+def test_batched_static_cache_has_a_fixed_capacity():
+    """The first prompt sizes the batched cache (or engine.max_cache_len does); it never grows, a later prompt
+    that does not fit is refused naming engine.max_cache_len, and the next batch reuses the buffers."""
+    adapter = tiny_janus_adapter(**BATCHED_TINY, cache="static")
+    state = adapter.start_batch(2)
+    adapter.prefill_slot(state, 0, "a cat")
+    cache = state.cache
+    assert cache.fixed and cache.capacity == 256
+    with pytest.raises(ValueError, match="engine.max_cache_len"):
+        adapter.prefill_slot(state, 1, "a long caption " * 20)
+    assert state.cache is cache and cache.capacity == 256
+    again = adapter.start_batch(2)
+    adapter.prefill_slot(again, 1, "a dog")
+    assert again.cache is cache and cache.filled[:2] == [0, 0]  # reused and emptied
+    sized = tiny_janus_adapter(**BATCHED_TINY, cache="static", max_cache_len=48)
+    state = sized.start_batch(2)
+    sized.prefill_slot(state, 0, "a cat")
+    assert state.cache.capacity == 48
+    free = 48 - state.cache.filled[0]
+    with pytest.raises(ValueError, match="cache overflow.*engine.max_cache_len"):
+        sized.forward_batch(state, torch.zeros(2, free + 1, dtype=torch.long), [True, True], [True, False])
+
+
+def test_toy_model_batched_compiled_engine_matches_eager():
+    """The shipped toy model, B = 3 on the compiled step, 4 prompts: the batched eager engine's tokens."""
+    from csd.adapters.toy import load_toy_adapter
+    from csd.toy.domain import toy_prompts
+
+    reqs = [Request(p.text, seed=i, key=i) for i, p in enumerate(toy_prompts(4))]
+    compiled = load_toy_adapter(cache="static", compile=True, compile_backend="aot_eager")
+    rule = CSD(lam=0.5, delta=0.9)
+    assert decode_many(compiled, 3, reqs, True, rule, window=8) == decode_many(load_toy_adapter(), 3, reqs, False, rule, window=8)

@@ -115,5 +115,30 @@ def test_bounds_are_checked():
     adapter.forward_batch(state, torch.zeros(2, 3, dtype=torch.long), [False, False], [False, True])
     adapter.rollback_batch(state, [3, 3])
     assert cache.filled[:2] == [cache.capacity] * 2
-    with pytest.raises(NotImplementedError, match="engine.batch_size=2"):
-        tiny_janus_adapter(grid=4, codebook=16, cache="static").start_batch(2)
+    with pytest.raises(ValueError, match="slots=0"):
+        adapter.start_batch(0)
+
+
+@pytest.mark.parametrize("model", ["toy", "janus"])
+def test_static_batched_windows_match_eager_batched(model):
+    """The static (compiled-path) adapter's fixed cache gives the eager batched cache's logits, slot by slot."""
+    eager = make_adapter(model, cfg=True)
+    static = load_toy_adapter(guidance_scale=3.0, cache="static") if model == "toy" else tiny_janus_adapter(
+        grid=4, codebook=16, head_scale=20.0, guidance_scale=3.0, cache="static"
+    )
+    gen = torch.Generator().manual_seed(2)
+    states = [adapter.start_batch(3) for adapter in (eager, static)]
+    for adapter, state in zip((eager, static), states, strict=True):
+        for slot, prompt in enumerate(PROMPTS[model][:3]):
+            adapter.prefill_slot(state, slot, prompt)
+    assert states[1].cache.fixed and not states[0].cache.fixed
+    for step, k in enumerate((4, 1, 4)):
+        ids = torch.randint(0, eager.vocab_size, (3, k), generator=gen)
+        active = [True, step != 1, True]
+        out = [a.forward_batch(s, ids, [step == 0] * 3, active) for a, s in zip((eager, static), states, strict=True)]
+        ran = [slot for slot in range(3) if active[slot]]
+        assert torch.equal(out[1][ran], out[0][ran])
+        n = [int(torch.randint(0, k + 1, (), generator=gen)) for _ in range(3)]
+        for adapter, state in zip((eager, static), states, strict=True):
+            adapter.rollback_batch(state, n)
+    assert states[1].cache.filled == states[0].cache.filled

@@ -24,6 +24,7 @@ nothing about acceptance rules. The contract, in the vocabulary of docs/ALGORITH
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -190,6 +191,12 @@ def to_uint8(images: torch.Tensor) -> torch.Tensor:
     """``[B, 3, H, W]`` in about [-1, 1] -> uint8 ``[B, H, W, 3]``: ``((x.clamp(-1,1) + 1) / 2 * 255).round()``."""
     pixels = ((images.float().clamp(-1, 1) + 1) / 2 * 255).round().to(torch.uint8)
     return pixels.permute(0, 2, 3, 1).cpu()
+
+
+def to_device(values: Sequence[int | bool], device: torch.device, dtype: torch.dtype = torch.long) -> torch.Tensor:
+    """Host flags or counts as a device tensor without a stream sync (``torch.tensor(..., device=cuda)`` blocks
+    until the queued kernels, e.g. the forward, have run; an asynchronous copy of the staged list does not)."""
+    return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
 
 
 class MissingWeightsError(FileNotFoundError):

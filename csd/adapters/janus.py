@@ -38,7 +38,7 @@ PromptEncoder = Callable[[str], torch.Tensor]
 
 class JanusAdapter(RaggedDispatch, StaticDispatch, ModelAdapter):
     """Janus-Pro behind :class:`ModelAdapter`; batched decoding (``start_batch`` ...) runs on a
-    ``csd.ragged.RaggedCache`` (eager path)."""
+    ``csd.ragged.RaggedCache`` (compiled: fixed capacity, the StaticDecoder's compiled step)."""
 
     def __init__(
         self,

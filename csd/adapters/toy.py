@@ -25,7 +25,8 @@ DEFAULT_GUIDANCE = 1.5
 
 class ToyAdapter(RaggedDispatch, StaticDispatch, ModelAdapter):
     """Drives the toy LM token by token with a ``DynamicCache``; rows are ``[cond, uncond]`` under CFG.
-    Batched decoding (``start_batch`` ...) runs on a ``csd.ragged.RaggedCache``."""
+    Batched decoding (``start_batch`` ...) runs on a ``csd.ragged.RaggedCache`` (compiled: fixed capacity, the
+    StaticDecoder's compiled step)."""
 
     def __init__(self, lm: LlamaForCausalLM, tokenizer: PatchTokenizer, sampling: SamplingConfig,
                  device: str | torch.device = "cpu", cache: str = "dynamic", compile: bool = False,
