@@ -34,6 +34,17 @@ from transformers import PretrainedConfig
 from csd.adapters.base import BodyLayout, to_device
 from csd.fast import StaticDecoder, default_cache_len
 
+#: a forward attends over the first ``2^k >= 128`` cache entries that hold every row's keys, not the whole
+#: capacity: attention cost follows the batch's progress. Masked keys weigh exactly 0, and on the CPU
+#: attention kernel results are bitwise equal for every power-of-two bound >= 128 (checked for the toy's
+#: and tiny Janus's shapes), so a row's numerics still do not depend on its neighbours' lengths.
+MIN_KEY_BOUND = 128
+
+
+def key_bound(needed: int, capacity: int) -> int:
+    """The number of cache entries a forward attends over: the power of two >= max(``needed``, 128), at most ``capacity``."""
+    return min(capacity, max(MIN_KEY_BOUND, 1 << max(needed - 1, 0).bit_length()))
+
 
 class RaggedCache:
     """Per-layer key/value buffers ``[R, kv_heads, capacity, head_dim]`` and a length per row.
@@ -62,6 +73,7 @@ class RaggedCache:
         self.lengths = torch.zeros(rows, dtype=torch.long, device=self.device)
         self.filled = [0] * rows
         self._active = slice(0, rows)
+        self._bound = capacity
         self._write = self._row_index = torch.zeros(0, dtype=torch.long, device=self.device)
 
     def grow(self, capacity: int) -> None:
@@ -84,7 +96,8 @@ class RaggedCache:
 
     def extend(self, rows: slice, q: int, advance: Sequence[bool] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Reserve ``q`` entries on each of ``rows`` for the next forward; returns its ``position_ids [A, q]`` and
-        additive ``attention_mask [A, 1, q, capacity]`` (0 where key ``k <= lengths[r] + j``, dtype min elsewhere).
+        additive ``attention_mask [A, 1, q, bound]`` (0 where key ``k <= lengths[r] + j``, dtype min elsewhere;
+        ``bound``: :func:`key_bound` of the advancing rows' new lengths, the whole capacity when ``fixed``).
 
         Rows not flagged in ``advance`` (default: all flagged) keep their length: their entries are written
         past it (clamped to the last one, so a full row may lose its last entry) and never attended to.
@@ -98,7 +111,9 @@ class RaggedCache:
                     + ("; raise engine.max_cache_len" if self.fixed else "")
                 )
         positions = (self.lengths[rows, None] + torch.arange(q, device=self.device)).clamp(max=self.capacity - 1)
-        visible = torch.arange(self.capacity, device=self.device) <= positions[:, :, None]
+        needed = max((self.filled[r] + q for r, grows in zip(indices, advance, strict=True) if grows), default=q)
+        self._bound = self.capacity if self.fixed else key_bound(needed, self.capacity)
+        visible = torch.arange(self._bound, device=self.device) <= positions[:, :, None]
         mask = torch.zeros(visible.shape, dtype=self.dtype, device=self.device)
         mask.masked_fill_(~visible, torch.finfo(self.dtype).min)
         self._active, self._write = rows, positions
@@ -111,12 +126,12 @@ class RaggedCache:
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,
                kwargs: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Write a layer's new ``[A, H, q, D]`` keys/values at the reserved positions; return the active rows'
-        full ``[A, H, capacity, D]`` buffers (the transformers ``Cache.update`` contract)."""
+        first ``bound`` entries ``[A, H, bound, D]`` (the transformers ``Cache.update`` contract)."""
         keys = self.keys[layer_idx][self._active]
         values = self.values[layer_idx][self._active]
         keys[self._row_index, :, self._write] = key_states.transpose(1, 2)
         values[self._row_index, :, self._write] = value_states.transpose(1, 2)
-        return keys, values
+        return keys[:, :, : self._bound], values[:, :, : self._bound]
 
     def rollback(self, n: Sequence[int]) -> None:
         """Drop the last ``n[r]`` entries of each row ``r`` (their stale keys stay, masked out, until overwritten)."""
