@@ -113,6 +113,8 @@ SCHEMA: dict[str, Spec | ByTarget] = {
     "engine.max_cache_len": Int(min=1, null="for prompt + body + 64"),
     "engine.progress": Bool(),
     "engine.warmup": Int(min=0),
+    "engine.batch_size": Int(min=1),
+    "engine.latency_probe": Int(min=0),
     # conf/eval/*.yaml
     "eval.metrics": StrList(names=metric_names, what="metric"),
     "eval.strict": Bool(),

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import platform
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, TypeVar
 
 import torch
 import transformers
@@ -14,17 +17,26 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from csd.config import build_adapter, build_rule, load_prompts, method_params, resolve_device, validate
-from csd.engine import Generation, JacobiEngine, synchronize
+from csd.engine import Generation, JacobiEngine, Request, synchronize
 from csd.prompts import Prompt
-from csd.records import ImageRecord, RecordWriter, image_name
+from csd.records import ImageRecord, RecordWriter, image_name, load_records
 from csd.rundir import check_fingerprint, generate_lock
 
 log = logging.getLogger(__name__)
+RUN_INFO_FILE = "run.json"
+T = TypeVar("T")
 
 
 def image_seed(base: int, prompt_index: int, sample: int) -> int:
     """Seed of one image: stable under resume, distinct across prompts and samples."""
     return (base * 1_000_003 + prompt_index * 1_009 + sample) % (2**62)
+
+
+def write_json(path: Path, value: dict[str, Any]) -> None:
+    """Replace ``path`` with ``value`` as JSON atomically (readers never see half a file)."""
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(value, indent=2))
+    os.replace(tmp, path)
 
 
 def write_run_info(run_dir: Path, cfg: DictConfig, params: dict, model_info: dict, n_images: int) -> None:
@@ -38,10 +50,17 @@ def write_run_info(run_dir: Path, cfg: DictConfig, params: dict, model_info: dic
         "dataset": cfg.dataset.name,
         "seed": cfg.seed,
         "n_images": n_images,
+        "batch_size": cfg.engine.batch_size,
         "threads": cfg.get("threads"),
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version()},
     }
-    (run_dir / "run.json").write_text(json.dumps(info, indent=2))
+    write_json(run_dir / RUN_INFO_FILE, info)
+
+
+def update_run_info(run_dir: Path, **fields: Any) -> None:
+    """Add ``fields`` to ``run.json`` (rewritten atomically)."""
+    path = run_dir / RUN_INFO_FILE
+    write_json(path, {**json.loads(path.read_text()), **fields})
 
 
 def make_record(
@@ -62,14 +81,16 @@ def make_record(
         iterations=gen.nfe,
         step_compression=gen.step_compression,
         **gen.stats,
-        prefill_s=gen.prefill_s,
-        decode_s=gen.decode_s,
+        # a batched image's times are shares of a batch, not the per-image latency the paper reports
+        prefill_s=None if gen.batched else gen.prefill_s,
+        decode_s=None if gen.batched else gen.decode_s,
         vq_decode_s=vq_decode_s,
-        latency_s=gen.prefill_s + gen.decode_s,
+        latency_s=None if gen.batched else gen.prefill_s + gen.decode_s,
         commit_iter=gen.commit_iter.tolist(),
         commit_kind=gen.commit_kind.tolist(),
         entropy=[round(v, 4) for v in gen.entropy.tolist()],
         meta=dict(prompt.meta),
+        batch_size=cfg.engine.batch_size,
     )
 
 
@@ -99,8 +120,34 @@ def generate_run(cfg: DictConfig) -> Path:
     return run_dir
 
 
+def timed(items: Iterator[T]) -> Iterator[tuple[T, float]]:
+    """Each item of ``items`` with the seconds spent producing it (the consumer's own time left out)."""
+    while True:
+        start = time.perf_counter()
+        try:
+            item = next(items)
+        except StopIteration:
+            return
+        yield item, time.perf_counter() - start
+
+
+def warm_up(cfg: DictConfig, engine: JacobiEngine, prompt: str) -> None:
+    """``engine.warmup`` untimed generations (allocator / compile warm-up); compiled: trace the q = 1 step of
+    ``engine``'s batch size too (reached only in a final one-row window)."""
+    for _ in range(cfg.engine.warmup):
+        engine.generate(prompt, seed=0)
+    if cfg.engine.compile and engine.window > 1:
+        JacobiEngine(engine.adapter, engine.rule, window=1, pad_window=True, batch_size=engine.batch_size).generate(prompt, seed=0)
+
+
 def generate_missing(cfg: DictConfig, prompts: list[Prompt], writer: RecordWriter) -> None:
-    """Load the model and generate the images ``writer`` does not have yet."""
+    """Load the model and generate the images ``writer`` does not have yet.
+
+    Up to ``engine.batch_size`` images are decoded at once; each record is written as its image
+    finishes (completion order; records are keyed by (prompt_id, sample)), so an interruption loses only
+    the images in flight. run.json gets the pass's throughput (images / seconds spent in the engine) and,
+    for a batched pass with ``engine.latency_probe``, the batch-1 latencies of the run's first images.
+    """
     rule = build_rule(cfg.method)
     params = method_params(cfg.method)
     run_dir = writer.run_dir
@@ -118,16 +165,50 @@ def generate_missing(cfg: DictConfig, prompts: list[Prompt], writer: RecordWrite
     adapter = build_adapter(cfg.model, device, cfg.engine)
     write_run_info(run_dir, cfg, params, adapter.describe(), n_images)
     m = cfg.method
-    engine = JacobiEngine(adapter, rule, m.window, m.init, pad_window=cfg.engine.compile, coupling=m.coupling)
-    for _ in range(cfg.engine.warmup):  # compile / allocator warm-up, not recorded
-        engine.generate(todo[0][1].text, seed=0)
-    if cfg.engine.compile and cfg.method.window > 1:  # trace q = 1 too (reached only in a final one-row window)
-        JacobiEngine(adapter, rule, window=1, pad_window=True).generate(todo[0][1].text, seed=0)
-    log.info("%s: %d of %d images to generate", run_dir, len(todo), n_images)
-    for index, prompt, sample in tqdm(todo, desc=f"{cfg.method.name}", disable=not cfg.engine.progress):
-        gen = engine.generate(prompt.text, seed=image_seed(cfg.seed, index, sample))
+    engine = JacobiEngine(
+        adapter, rule, m.window, m.init, pad_window=cfg.engine.compile, coupling=m.coupling, batch_size=cfg.engine.batch_size
+    )
+    warm_up(cfg, engine, todo[0][1].text)
+    log.info("%s: %d of %d images to generate, %d at a time", run_dir, len(todo), n_images, cfg.engine.batch_size)
+    requests = (Request(prompt.text, image_seed(cfg.seed, index, sample), key=(index, prompt, sample)) for index, prompt, sample in todo)
+    results = timed(engine.generate_many(requests))
+    engine_s = 0.0
+    for (request, gen), seconds in tqdm(results, total=len(todo), desc=f"{cfg.method.name}", disable=not cfg.engine.progress):
+        engine_s += seconds
+        index, prompt, sample = request.key
         start = time.perf_counter()
         image = adapter.decode_images(gen.tokens.unsqueeze(0))[0].numpy()
         synchronize(device)
         vq_s = time.perf_counter() - start
         writer.write(make_record(cfg, params, prompt, index, sample, gen, vq_s, adapter.layout.grid), image)
+    update_run_info(
+        run_dir, throughput_images=len(todo), throughput_engine_s=engine_s, throughput_images_per_s=len(todo) / engine_s
+    )
+    if cfg.engine.batch_size > 1 and cfg.engine.latency_probe:
+        probe = JacobiEngine(adapter, rule, m.window, m.init, pad_window=cfg.engine.compile, coupling=m.coupling)
+        update_run_info(run_dir, latency_probe=latency_probe(cfg, probe, prompts, run_dir))
+
+
+def latency_probe(cfg: DictConfig, engine: JacobiEngine, prompts: list[Prompt], run_dir: Path) -> list[dict[str, Any]]:
+    """Batch-1 timings of the run's first ``engine.latency_probe`` images (prompt order), decoded again.
+
+    An image depends only on (prompt, seed), so its tokens must equal its batched record's; a mismatch
+    (e.g. other GPU kernels for other batch shapes) is logged and recorded as ``tokens_match: false``.
+    """
+    tokens = {(r["prompt_id"], r["sample"]): r["tokens"] for r in load_records(run_dir)}
+    images = [(i, p, s) for i, p in enumerate(prompts) for s in range(cfg.dataset.samples_per_prompt)]
+    images = images[: cfg.engine.latency_probe]
+    warm_up(cfg, engine, images[0][1].text)
+    out = []
+    for index, prompt, sample in images:
+        seed = image_seed(cfg.seed, index, sample)
+        gen = engine.generate(prompt.text, seed=seed)
+        match = gen.tokens.tolist() == tokens[(prompt.prompt_id, sample)]
+        if not match:
+            log.warning("latency probe: %s sample %d decoded at batch 1 differs from its batched record", prompt.prompt_id, sample)
+        out.append({
+            "prompt_id": prompt.prompt_id, "sample": sample, "seed": seed, "nfe": gen.nfe, "prefill_s": gen.prefill_s,
+            "decode_s": gen.decode_s, "latency_s": gen.prefill_s + gen.decode_s, "tokens_match": match,
+        })
+    log.info("%s: latency probe of %d images at batch 1", run_dir, len(out))
+    return out

@@ -4,7 +4,8 @@ Layout of a run directory (everything later stages read; they never touch engine
 
     <run_dir>/
       config.yaml        the resolved Hydra config of the run
-      run.json           method, model protocol facts (adapter.describe()), dataset, versions
+      run.json           method, model protocol facts (adapter.describe()), dataset, versions, batch size,
+                         the last generate pass's throughput and batch-1 latency probe (csd.pipeline)
       records.jsonl      one JSON object per finished image (fields: see ImageRecord)
       images/<prompt_id>_s<sample>.png
       metrics.json       written by the evaluate stage
@@ -59,6 +60,8 @@ class ImageRecord:
     the same uniform. ``filter_checks`` / ``filter_passes``: CSD's TV filter on verified drafts.
     Per body position: ``commit_iter`` (iteration that committed it), ``commit_kind``
     (COMMIT_* above), ``entropy`` (nats of the processed target distribution it was committed under).
+    ``prefill_s``, ``decode_s``, ``latency_s`` are per-image (batch-1) times, null when the image was
+    decoded with ``batch_size > 1`` images in flight (run.json then holds the run's throughput).
     """
 
     prompt_id: str
@@ -80,14 +83,15 @@ class ImageRecord:
     relaxed_accepts: int
     filter_checks: int
     filter_passes: int
-    prefill_s: float
-    decode_s: float
+    prefill_s: float | None
+    decode_s: float | None
     vq_decode_s: float
-    latency_s: float
+    latency_s: float | None
     commit_iter: list[int]
     commit_kind: list[int]
     entropy: list[float]
     meta: dict[str, Any]
+    batch_size: int = 1
 
     @property
     def key(self) -> tuple[str, int]:

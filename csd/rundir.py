@@ -3,7 +3,8 @@
 ``fingerprint.json`` holds a flat dict of dotted config keys (every ``method.*`` and ``model.*`` key,
 ``dataset.*`` but the evaluation-only ones, a sha256 of the prompt list, ``seed``, the device type,
 ``engine.compile``; null values left out) and their hash. Keys that do not change the images (logger,
-progress bar, warm-up, cache length, eval settings, threads) are left out, so a resume may change them.
+progress bar, warm-up, cache length, batch size, latency probe, eval settings, threads) are left out, so
+a resume may change them.
 """
 
 from __future__ import annotations

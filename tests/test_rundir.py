@@ -168,15 +168,14 @@ def test_evaluate_refuses_records_that_run_json_does_not_describe(tmp_path):
 
 
 def test_ctrl_c_prints_what_was_saved_and_how_to_resume(tmp_path, monkeypatch, capsys):
-    original, calls = JacobiEngine.generate, []
+    original = JacobiEngine.generate_many
 
-    def interrupted_on_second_image(self, *args, **kwargs):
-        calls.append(1)
-        if len(calls) == 2:
-            raise KeyboardInterrupt
-        return original(self, *args, **kwargs)
+    def interrupted_on_second_image(self, requests):
+        results = original(self, requests)
+        yield next(results)
+        raise KeyboardInterrupt
 
-    monkeypatch.setattr(JacobiEngine, "generate", interrupted_on_second_image)
+    monkeypatch.setattr(JacobiEngine, "generate_many", interrupted_on_second_image)
     cfg = tiny_cfg(tmp_path, "stage=generate")
     stopped = None
     try:  # a KeyboardInterrupt escaping here would stop pytest itself, so catch everything

@@ -31,7 +31,7 @@ def speed_metric(ctx: EvalContext) -> MetricOutput:
         "acceptance": [r["drafts_accepted"] / r["drafts_proposed"] if r["drafts_proposed"] else math.nan for r in recs],
         "relaxed_accepts": [r["relaxed_accepts"] for r in recs],
     }
-    return MetricOutput(speed.speed_metrics(recs), per_image)
+    return MetricOutput(speed.speed_metrics(recs, ctx.info), per_image)
 
 
 def _clip_model(ctx: EvalContext) -> ClipModel:

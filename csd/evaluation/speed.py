@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
+NAN = float("nan")
+
 
 def latency_stats(latencies: Sequence[float]) -> dict[str, float]:
-    """Mean, median and 90th percentile of per-image latency (seconds)."""
+    """Mean, median and 90th percentile of per-image latency (seconds); NaN without any latency."""
     x = np.asarray(latencies, dtype=float)
+    if not x.size:
+        return {"latency_mean": NAN, "latency_median": NAN, "latency_p90": NAN}
     return {
         "latency_mean": float(x.mean()),
         "latency_median": float(np.median(x)),
@@ -24,26 +28,43 @@ def speedup(ar_latency_mean: float, latency_mean: float) -> float:
 
 
 def _ratio(num: float, den: float) -> float:
-    return num / den if den else float("nan")
+    return num / den if den else NAN
 
 
-def speed_metrics(records: Sequence[dict[str, Any]]) -> dict[str, float]:
-    """Latency statistics, step compression and acceptance counters of one run.
+def _mean(values: Sequence[float]) -> float:
+    return float(np.mean(values)) if len(values) else NAN
 
-    ``acceptance_rate`` = accepted / proposed drafts; ``relaxed_rate`` = share of the accepted drafts
-    that only the relaxed rule accepted; ``filter_pass_rate`` = CSD's TV-filter passes / checks.
-    Rates whose denominator is zero (e.g. AR proposes no drafts) are NaN.
+
+def batch1_timings(records: Sequence[dict[str, Any]], info: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The per-image (batch-1) timings of a run: records with a latency (a batched image has null) plus
+    run.json's ``latency_probe`` (images of a batched run decoded again at batch 1)."""
+    return [r for r in records if r.get("latency_s") is not None] + list(info.get("latency_probe") or [])
+
+
+def speed_metrics(records: Sequence[dict[str, Any]], info: Mapping[str, Any] | None = None) -> dict[str, float]:
+    """Latency statistics, throughput, step compression and acceptance counters of one run.
+
+    Latency is a batch-1 quantity over :func:`batch1_timings` (``latency_images`` of them; NaN if
+    none); ``throughput_images_per_s`` is run.json's images / decoding wall time of the last generate
+    pass (NaN for runs that predate it). ``acceptance_rate`` = accepted / proposed drafts;
+    ``relaxed_rate`` = share of the accepted drafts that only the relaxed rule accepted;
+    ``filter_pass_rate`` = CSD's TV-filter passes / checks. Rates whose denominator is zero (e.g. AR
+    proposes no drafts) are NaN.
     """
+    info = info or {}
+    timed = batch1_timings(records, info)
     total = {k: sum(r[k] for r in records) for k in (
         "drafts_proposed", "drafts_verified", "drafts_accepted", "relaxed_accepts", "filter_checks", "filter_passes"
     )}
     return {
-        **latency_stats([r["latency_s"] for r in records]),
-        "decode_s_mean": float(np.mean([r["decode_s"] for r in records])),
-        "prefill_s_mean": float(np.mean([r["prefill_s"] for r in records])),
-        "vq_decode_s_mean": float(np.mean([r["vq_decode_s"] for r in records])),
-        "nfe_mean": float(np.mean([r["nfe"] for r in records])),
-        "step_compression": float(np.mean([r["step_compression"] for r in records])),
+        **latency_stats([t["latency_s"] for t in timed]),
+        "latency_images": len(timed),
+        "decode_s_mean": _mean([t["decode_s"] for t in timed]),
+        "prefill_s_mean": _mean([t["prefill_s"] for t in timed]),
+        "throughput_images_per_s": float(info.get("throughput_images_per_s", NAN)),
+        "vq_decode_s_mean": _mean([r["vq_decode_s"] for r in records]),
+        "nfe_mean": _mean([r["nfe"] for r in records]),
+        "step_compression": _mean([r["step_compression"] for r in records]),
         "acceptance_rate": _ratio(total["drafts_accepted"], total["drafts_proposed"]),
         "relaxed_rate": _ratio(total["relaxed_accepts"], total["drafts_accepted"]),
         "filter_pass_rate": _ratio(total["filter_passes"], total["filter_checks"]),
