@@ -140,6 +140,13 @@ SCHEMA: dict[str, Spec | ByTarget] = {
     "eval.report.extra_runs": StrList(),
     "eval.report.pareto_x": StrList(),
     "eval.report.pareto_y": StrList(),
+    "eval.geneval.detector": Str(),
+    "eval.geneval.clip_model": Str(),
+    "eval.geneval.clip_pretrained": Str(),
+    "eval.geneval.threshold": Float(min=0, max=1),
+    "eval.geneval.counting_threshold": Float(min=0, max=1),
+    "eval.geneval.max_objects": Int(min=1),
+    "eval.geneval.position_threshold": Float(min=0),
     # conf/logger/*.yaml
     "logger.name": Group(group="logger", options=choices),
     "logger.mode": Choice(options=("offline", "online", "disabled")),

@@ -19,6 +19,7 @@ from csd.evaluation.clip_features import ClipImageFeatures
 from csd.evaluation.clip_score import ClipModel, clip_scores, load_open_clip
 from csd.evaluation.context import EvalContext, MetricOutput, NotApplicable
 from csd.evaluation.fid import generated_fid, inception_fid, load_reference, module_fid
+from csd.evaluation.geneval_score import geneval_metric
 from csd.evaluation.images import Preprocess, file_batches, list_images
 
 
@@ -130,4 +131,5 @@ METRICS: dict[str, Callable[[EvalContext], MetricOutput]] = {
     "content": content_metric,
     "scene": scene_metric,
     "regions": regions_metric,
+    "geneval": geneval_metric,
 }

@@ -69,7 +69,7 @@ def summary_line(result: dict[str, Any]) -> str:
     fmt = {
         "latency_mean": "latency {:.3f}s", "latency_p90": "p90 {:.3f}s", "step_compression": "compression {:.2f}x",
         "acceptance_rate": "accept {:.1%}", "relaxed_rate": "relaxed {:.1%}", "clip_score": "CLIP {:.2f}",
-        "fid": "FID {:.2f}", "scene_acc_overall": "scene {:.1%}",
+        "fid": "FID {:.2f}", "scene_acc_overall": "scene {:.1%}", "geneval_overall": "GenEval {:.1%}",
     }
     parts += [f.format(m[k]) for k, f in fmt.items() if k in m and not math.isnan(m[k])]
     if result["skipped"]:
