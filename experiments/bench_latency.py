@@ -451,14 +451,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     }
     res["meta"]["wall_s"] = time.perf_counter() - start
 
-    args.out.mkdir(parents=True, exist_ok=True)
-    stem = args.out / f"{args.model}_{device.type}"
+    write_results(res, args.out / f"{args.model}_{device.type}", markdown(res))
+    return res
+
+
+def write_results(res: dict[str, Any], stem: Path, table: str) -> None:
+    """``<stem>.json`` (everything measured) and ``<stem>.md`` (the table), printed too."""
+    stem.parent.mkdir(parents=True, exist_ok=True)
     stem.with_suffix(".json").write_text(json.dumps(res, indent=2))
-    table = markdown(res)
     stem.with_suffix(".md").write_text(table)
     print(table)
     print(f"wrote {stem}.json and {stem}.md in {res['meta']['wall_s']:.0f} s")
-    return res
 
 
 if __name__ == "__main__":

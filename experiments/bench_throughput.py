@@ -23,7 +23,6 @@ Writes ``<out>/throughput_<model>_<device>.json`` and ``.md`` (default ``results
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import statistics
 import time
@@ -49,6 +48,7 @@ from experiments.bench_latency import (
     SYNTH_PAD,
     random_janus,
     synthetic_encoder,
+    write_results,
 )
 
 MODELS = ("toy", "janus_pro_tiny", *JANUS_PRO_SHAPES)
@@ -188,13 +188,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         res["methods"][method] = bench_method(adapter, rule, window, captions, args, stage)
     res["meta"]["wall_s"] = time.perf_counter() - start
 
-    args.out.mkdir(parents=True, exist_ok=True)
-    stem = args.out / f"throughput_{args.model}_{device.type}"
-    stem.with_suffix(".json").write_text(json.dumps(res, indent=2))
-    table = markdown(res)
-    stem.with_suffix(".md").write_text(table)
-    print(table)
-    print(f"wrote {stem}.json and {stem}.md in {res['meta']['wall_s']:.0f} s")
+    write_results(res, args.out / f"throughput_{args.model}_{device.type}", markdown(res))
     return res
 
 

@@ -66,3 +66,17 @@ def random_body(adapter: ModelAdapter, seed: int) -> torch.Tensor:
     forced = adapter.layout.forced_ids
     free = adapter.image_token_ids[torch.randint(adapter.vocab_size, forced.shape, generator=gen)]
     return torch.where(forced >= 0, forced, free)
+
+
+def count_host_reads(monkeypatch) -> list[str]:
+    """Record every host read of a device value (``item``, ``int``, ``bool``, ``tolist``, ...) until undone."""
+    calls: list[str] = []
+    for name in ("item", "__int__", "__bool__", "__float__", "__index__", "tolist"):
+        original = getattr(torch.Tensor, name)
+
+        def counted(self, *args, _original=original, _name=name, **kwargs):
+            calls.append(_name)
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    return calls

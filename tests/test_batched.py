@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
-import torch
 
 from baselines.gsd import GSD
 from csd.acceptance import CSD, SJD
@@ -17,7 +16,7 @@ from csd.adapters.emu3 import tiny_emu3_adapter
 from csd.adapters.janus import tiny_janus_adapter
 from csd.adapters.lumina import tiny_lumina_adapter
 from csd.engine import JacobiEngine, Request
-from tests.helpers import chi_square_pvalue, exact_sequence_distribution
+from tests.helpers import chi_square_pvalue, count_host_reads, exact_sequence_distribution
 
 PROMPTS = ["a", "two red circles left of a blue square", "a cat", "a lighthouse on a cliff at sunset, oil painting"]
 
@@ -123,15 +122,7 @@ def test_batched_sjd_is_lossless_with_mixed_prompts():
 def test_one_host_sync_per_batched_iteration(janus, monkeypatch):
     """One read of the committed counts per iteration for the whole batch, plus one per finished image."""
     engine = JacobiEngine(janus, CSD(lam=0.5, delta=0.9), window=5, batch_size=4)
-    calls = []
-    for name in ("item", "__int__", "__bool__", "__float__", "__index__", "tolist"):
-        original = getattr(torch.Tensor, name)
-
-        def counted(self, *args, _original=original, _name=name, **kwargs):
-            calls.append(_name)
-            return _original(self, *args, **kwargs)
-
-        monkeypatch.setattr(torch.Tensor, name, counted)
+    calls = count_host_reads(monkeypatch)
     iterations = []
     step = engine._iteration
 

@@ -12,6 +12,7 @@ from csd.acceptance import CSD, SJD
 from csd.adapters.janus import TINY_BOI, TINY_BOS, TINY_PAD, tiny_byte_encoder, tiny_janus_adapter
 from csd.engine import JacobiEngine
 from csd.records import COMMIT_ACCEPTED, COMMIT_RELAXED, COMMIT_SAMPLED
+from tests.helpers import count_host_reads
 
 PROMPT = "two red circles"
 
@@ -122,15 +123,7 @@ def test_one_host_sync_per_iteration(adapter, rule, monkeypatch):
     """Reading a device value on the host (``item``, ``int``, ``bool``, ``tolist``, ...) happens once per
     iteration (the number of committed tokens), plus one read of the counters after the loop."""
     engine = JacobiEngine(adapter, rule, window=5)
-    calls = []
-    for name in ("item", "__int__", "__bool__", "__float__", "__index__", "tolist"):
-        original = getattr(torch.Tensor, name)
-
-        def counted(self, *args, _original=original, _name=name, **kwargs):
-            calls.append(_name)
-            return _original(self, *args, **kwargs)
-
-        monkeypatch.setattr(torch.Tensor, name, counted)
+    calls = count_host_reads(monkeypatch)
     gen = engine.generate(PROMPT, seed=0)
     monkeypatch.undo()
     assert len(calls) == gen.nfe + 1, calls

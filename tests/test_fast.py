@@ -19,6 +19,7 @@ from csd.adapters.janus import tiny_janus_adapter
 from csd.engine import JacobiEngine, Request
 from csd.fast import StaticDecoder, check_transformers_version, rollback_static_cache
 from experiments import bench_latency
+from tests.helpers import count_host_reads
 
 torch.set_num_threads(1)
 
@@ -207,15 +208,7 @@ def test_batched_compiled_engine_one_host_sync_per_iteration(monkeypatch):
     adapter = tiny_janus_adapter(**BATCHED_TINY, cache="static", compile=True, compile_backend="aot_eager")
     engine = JacobiEngine(adapter, CSD(lam=0.5, delta=0.9), window=5, pad_window=True, batch_size=3)
     list(engine.generate_many(batch_requests(3)))  # compile outside the count
-    calls = []
-    for name in ("item", "__int__", "__bool__", "__float__", "__index__", "tolist"):
-        original = getattr(torch.Tensor, name)
-
-        def counted(self, *args, _original=original, _name=name, **kwargs):
-            calls.append(_name)
-            return _original(self, *args, **kwargs)
-
-        monkeypatch.setattr(torch.Tensor, name, counted)
+    calls = count_host_reads(monkeypatch)
     iterations = []
     step = engine._iteration
 
