@@ -31,8 +31,22 @@ def quiet_open_clip(record: logging.LogRecord) -> bool:
     return record.levelno >= logging.WARNING or f"{os.sep}open_clip{os.sep}" not in record.pathname
 
 
+def one_gpu_per_shard(cfg: DictConfig) -> None:
+    """A shard that sees several GPUs (``CUDA_VISIBLE_DEVICES=0,1,...``, e.g. set by the local_procs
+    launcher's ``gpus_per_node``) keeps only the ``shard % n``-th, so local shard processes spread over the
+    GPUs. Runs before anything initialises CUDA; an unset variable is left alone (SLURM sets it per job)."""
+    visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    if cfg.dataset.num_shards > 1 and len(visible) > 1:
+        os.environ["CUDA_VISIBLE_DEVICES"] = visible[cfg.dataset.shard % len(visible)]
+        log.info("shard %d: CUDA_VISIBLE_DEVICES=%s", cfg.dataset.shard, os.environ["CUDA_VISIBLE_DEVICES"])
+
+
 def run_stages(cfg: DictConfig) -> None:
-    """Run ``cfg.stage``; configuration and missing-file errors end the run with one clear line."""
+    """Run ``cfg.stage``; configuration and missing-file errors end the run with one clear line.
+
+    A shard of a sharded run (``dataset.num_shards > 1``) with ``stage=all`` only generates: the run is
+    evaluated once, over every shard, with ``stage=evaluate`` when all are done.
+    """
     logging.getLogger().addFilter(quiet_open_clip)
     if cfg.run_dir is None:  # run.py's Hydra output directory: a new run's, or the run_dir/sweep_dir given
         from hydra.core.hydra_config import HydraConfig
@@ -43,15 +57,25 @@ def run_stages(cfg: DictConfig) -> None:
         if cfg.threads is not None:
             torch.set_num_threads(cfg.threads)
         run_dir = Path(cfg.run_dir)
+        if cfg.stage == "status":
+            from csd.status import status_table
+
+            print(status_table(Path(cfg.sweep_dir or run_dir), cfg.status.stale_min)[0])
+            return
+        one_gpu_per_shard(cfg)
+        sharded = cfg.dataset.num_shards > 1
         if cfg.stage in ("generate", "all"):
             from csd.pipeline import generate_run
 
             generate_run(cfg)
-        if cfg.stage in ("evaluate", "all"):
+        if cfg.stage == "all" and sharded:
+            log.info("shard %d of %d done; evaluate the run with stage=evaluate run_dir=%s once every shard is",
+                     cfg.dataset.shard, cfg.dataset.num_shards, run_dir)
+        elif cfg.stage in ("evaluate", "all"):
             from csd.evaluation import evaluate_run
 
             evaluate_run(run_dir, cfg)
-        if cfg.stage == "report" or (cfg.stage == "all" and not in_multirun()):
+        if cfg.stage == "report" or (cfg.stage == "all" and not in_multirun() and not sharded):
             from csd.report import build_report
 
             target = Path(cfg.sweep_dir) if cfg.stage == "report" and cfg.sweep_dir else run_dir

@@ -27,7 +27,7 @@ from csd.schema import Bool, ByTarget, Choice, Device, Float, Group, Int, IntLis
 
 log = logging.getLogger(__name__)
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
-STAGES = ("generate", "evaluate", "report", "all")
+STAGES = ("generate", "evaluate", "report", "status", "all")
 #: method keys that are not hyper-parameters of the acceptance rule
 ENGINE_KEYS = ("name", "_target_", "window", "init", "coupling")
 
@@ -63,6 +63,7 @@ SCHEMA: dict[str, Spec | ByTarget] = {
     "threads": Int(min=1, null="for torch's default"),
     "run_dir": Str(null=""),
     "sweep_dir": Str(null=""),
+    "status.stale_min": Float(gt=0),
     # conf/method_keys.yaml, conf/method/*.yaml
     "method.name": Group(group="method", options=choices),
     "method._target_": Str(),
@@ -108,6 +109,8 @@ SCHEMA: dict[str, Spec | ByTarget] = {
     "dataset.samples_per_prompt": Int(min=1),
     "dataset.fid_reference": Str(null="for none"),
     "dataset.split": Choice(options=("heldout", "train")),
+    "dataset.num_shards": Int(min=1),
+    "dataset.shard": Int(min=0),
     # conf/engine/*.yaml
     "engine.compile": Bool(),
     "engine.max_cache_len": Int(min=1, null="for prompt + body + 64"),
@@ -118,6 +121,7 @@ SCHEMA: dict[str, Spec | ByTarget] = {
     # conf/eval/*.yaml
     "eval.metrics": StrList(names=metric_names, what="metric"),
     "eval.strict": Bool(),
+    "eval.allow_partial": Bool(),
     "eval.batch_size": Int(min=1),
     "eval.clip.model": Str(),
     "eval.clip.pretrained": Str(),
@@ -221,8 +225,9 @@ def validate(cfg: DictConfig) -> None:
         message = spec.error(key, value)
         if message:
             raise ConfigError(message)
-    m = cfg.method
+    m, d = cfg.method, cfg.dataset
     _check(m.name != "ar" or m.window == 1, f"method=ar needs method.window=1, got {m.window}")
+    _check(d.shard < d.num_shards, f"dataset.shard={d.shard} must be < dataset.num_shards={d.num_shards}")
     build_rule(m)  # the rule's own checks, still before any model loads
     warnings = []
     if unknown:
@@ -264,7 +269,7 @@ def build_adapter(model: DictConfig, device: torch.device, engine: DictConfig | 
 
 def load_prompts(dataset: DictConfig) -> list[Prompt]:
     """The dataset's prompts; none, or fewer than ``dataset.n_prompts``, is a :class:`ConfigError`."""
-    params = {k: v for k, v in OmegaConf.to_container(dataset, resolve=True).items() if k not in ("name", "_target_", "samples_per_prompt")}
+    params = {k: v for k, v in OmegaConf.to_container(dataset, resolve=True).items() if k not in ("name", "_target_", "samples_per_prompt", "num_shards", "shard")}
     prompts = get_method(dataset._target_)(**params)
     _check(bool(prompts), f"dataset={dataset.name} has no prompts")
     n = dataset.get("n_prompts")

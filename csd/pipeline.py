@@ -19,8 +19,8 @@ from tqdm import tqdm
 from csd.config import build_adapter, build_rule, load_prompts, method_params, resolve_device, validate
 from csd.engine import Generation, JacobiEngine, Request, synchronize
 from csd.prompts import Prompt
-from csd.records import ImageRecord, RecordWriter, image_name, load_records
-from csd.rundir import check_fingerprint, generate_lock
+from csd.records import ImageRecord, RecordWriter, image_name, load_records, records_file, shard_suffix
+from csd.rundir import check_fingerprint, check_shards, generate_lock, shard_of
 
 log = logging.getLogger(__name__)
 RUN_INFO_FILE = "run.json"
@@ -34,14 +34,28 @@ def image_seed(base: int, prompt_index: int, sample: int) -> int:
 
 def write_json(path: Path, value: dict[str, Any]) -> None:
     """Replace ``path`` with ``value`` as JSON atomically (readers never see half a file)."""
-    tmp = path.with_suffix(".json.tmp")
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(value, indent=2))
     os.replace(tmp, path)
 
 
+def run_info_file(cfg: DictConfig) -> str:
+    """Where a generate pass writes its throughput and latency probe: ``run.json``, or for one shard of a
+    sharded run ``run.shard-003-of-008.json`` (shards running at once would overwrite each other's)."""
+    n = cfg.dataset.num_shards
+    return RUN_INFO_FILE if n == 1 else f"run.{shard_suffix(cfg.dataset.shard, n)}.json"
+
+
 def write_run_info(run_dir: Path, cfg: DictConfig, params: dict, model_info: dict, n_images: int) -> None:
+    """``config.yaml`` and ``run.json``; a shard of a sharded run writes them only when run.json is missing or
+    counts other images (the fingerprint already made every shard's settings equal)."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    path = run_dir / RUN_INFO_FILE
+    if cfg.dataset.num_shards > 1 and path.exists() and json.loads(path.read_text()).get("n_images") == n_images:
+        return
+    tmp = run_dir / f"config.yaml.{os.getpid()}.tmp"
+    tmp.write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    os.replace(tmp, run_dir / "config.yaml")
     info = {
         "method": cfg.method.name,
         "method_params": params,
@@ -54,13 +68,12 @@ def write_run_info(run_dir: Path, cfg: DictConfig, params: dict, model_info: dic
         "threads": cfg.get("threads"),
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version()},
     }
-    write_json(run_dir / RUN_INFO_FILE, info)
+    write_json(path, info)
 
 
-def update_run_info(run_dir: Path, **fields: Any) -> None:
-    """Add ``fields`` to ``run.json`` (rewritten atomically)."""
-    path = run_dir / RUN_INFO_FILE
-    write_json(path, {**json.loads(path.read_text()), **fields})
+def update_run_info(path: Path, **fields: Any) -> None:
+    """Add ``fields`` to the JSON file ``path`` (created if missing; rewritten atomically)."""
+    write_json(path, {**(json.loads(path.read_text()) if path.exists() else {}), **fields})
 
 
 def make_record(
@@ -101,20 +114,27 @@ class GenerationInterrupted(KeyboardInterrupt):
 def generate_run(cfg: DictConfig) -> Path:
     """Generate every (prompt, sample) of the dataset not yet in ``cfg.run_dir`` (resume-safe).
 
-    Holds the directory's lock and checks its fingerprint (csd.rundir) before the model loads, so a
-    second writer or a resume with other settings is refused without adding a record.
+    Holds the directory's (or its shard's) lock and checks its fingerprint and shard count (csd.rundir)
+    before the model loads, so a second writer or a resume with other settings is refused without adding a
+    record. With ``dataset.num_shards > 1`` only the prompts of shard ``dataset.shard`` (:func:`shard_of`)
+    are generated, into the shard's own records file.
     """
     validate(cfg)
     prompts = load_prompts(cfg.dataset)
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    with generate_lock(run_dir):
+    shard, num_shards = cfg.dataset.shard, cfg.dataset.num_shards
+    with generate_lock(run_dir, shard, num_shards):
         check_fingerprint(run_dir, cfg, prompts)
-        writer = RecordWriter(run_dir)
+        check_shards(run_dir, cfg, prompts)
+        writer = RecordWriter(run_dir, records_file(shard, num_shards))
         try:
             generate_missing(cfg, prompts, writer)
         except KeyboardInterrupt:
-            keys = [(p.prompt_id, s) for p in prompts for s in range(cfg.dataset.samples_per_prompt)]
+            keys = [
+                (p.prompt_id, s) for p in prompts for s in range(cfg.dataset.samples_per_prompt)
+                if shard_of(p.prompt_id, num_shards) == shard
+            ]
             saved = sum(k in writer.done for k in keys)
             raise GenerationInterrupted(f"{saved} of {len(keys)} images saved in {run_dir}") from None
     return run_dir
@@ -151,9 +171,11 @@ def generate_missing(cfg: DictConfig, prompts: list[Prompt], writer: RecordWrite
     rule = build_rule(cfg.method)
     params = method_params(cfg.method)
     run_dir = writer.run_dir
+    shard, num_shards = cfg.dataset.shard, cfg.dataset.num_shards
     todo = [
         (index, prompt, sample)
         for index, prompt in enumerate(prompts)
+        if shard_of(prompt.prompt_id, num_shards) == shard
         for sample in range(cfg.dataset.samples_per_prompt)
         if (prompt.prompt_id, sample) not in writer.done
     ]
@@ -181,22 +203,27 @@ def generate_missing(cfg: DictConfig, prompts: list[Prompt], writer: RecordWrite
         synchronize(device)
         vq_s = time.perf_counter() - start
         writer.write(make_record(cfg, params, prompt, index, sample, gen, vq_s, adapter.layout.grid), image)
+    info_path = run_dir / run_info_file(cfg)
     update_run_info(
-        run_dir, throughput_images=len(todo), throughput_engine_s=engine_s, throughput_images_per_s=len(todo) / engine_s
+        info_path, throughput_images=len(todo), throughput_engine_s=engine_s, throughput_images_per_s=len(todo) / engine_s
     )
     if cfg.engine.batch_size > 1 and cfg.engine.latency_probe:
         probe = JacobiEngine(adapter, rule, m.window, m.init, pad_window=cfg.engine.compile, coupling=m.coupling)
-        update_run_info(run_dir, latency_probe=latency_probe(cfg, probe, prompts, run_dir))
+        update_run_info(info_path, latency_probe=latency_probe(cfg, probe, prompts, run_dir))
 
 
 def latency_probe(cfg: DictConfig, engine: JacobiEngine, prompts: list[Prompt], run_dir: Path) -> list[dict[str, Any]]:
-    """Batch-1 timings of the run's first ``engine.latency_probe`` images (prompt order), decoded again.
+    """Batch-1 timings of the shard's first ``engine.latency_probe`` images (prompt order), decoded again.
 
     An image depends only on (prompt, seed), so its tokens must equal its batched record's; a mismatch
     (e.g. other GPU kernels for other batch shapes) is logged and recorded as ``tokens_match: false``.
     """
     tokens = {(r["prompt_id"], r["sample"]): r["tokens"] for r in load_records(run_dir)}
-    images = [(i, p, s) for i, p in enumerate(prompts) for s in range(cfg.dataset.samples_per_prompt)]
+    shard, num_shards = cfg.dataset.shard, cfg.dataset.num_shards
+    images = [
+        (i, p, s) for i, p in enumerate(prompts) if shard_of(p.prompt_id, num_shards) == shard
+        for s in range(cfg.dataset.samples_per_prompt)
+    ]
     images = images[: cfg.engine.latency_probe]
     warm_up(cfg, engine, images[0][1].text)
     out = []

@@ -6,7 +6,8 @@ Layout of a run directory (everything later stages read; they never touch engine
       config.yaml        the resolved Hydra config of the run
       run.json           method, model protocol facts (adapter.describe()), dataset, versions, batch size,
                          the last generate pass's throughput and batch-1 latency probe (csd.pipeline)
-      records.jsonl      one JSON object per finished image (fields: see ImageRecord)
+      records.jsonl      one JSON object per finished image (fields: see ImageRecord); a sharded run
+                         (dataset.num_shards > 1) has one records.shard-<k>-of-<n>.jsonl per shard instead
       images/<prompt_id>_s<sample>.png
       metrics.json       written by the evaluate stage
       fingerprint.json   what determines the images (csd.rundir); a resume with other values is refused
@@ -33,6 +34,7 @@ from PIL import Image
 
 log = logging.getLogger(__name__)
 RECORDS_FILE = "records.jsonl"
+SHARD_RECORDS_GLOB = "records.shard-*-of-*.jsonl"
 REJECTED_FILE = "records.rejected.jsonl"
 IMAGES_DIR = "images"
 #: record fields resume and evaluation cannot do without
@@ -127,33 +129,58 @@ def parse_record(line: bytes) -> dict[str, Any]:
     return record
 
 
-def load_records(run_dir: str | Path) -> list[dict[str, Any]]:
-    """All complete records of a run (an incomplete trailing line from a crash is ignored).
+def shard_suffix(shard: int, num_shards: int) -> str:
+    """``shard-003-of-008``: names a shard's records file and lock."""
+    return f"shard-{shard:03d}-of-{num_shards:03d}"
 
-    Raises :class:`RecordsError` naming ``file:line`` for any other unreadable line.
+
+def records_file(shard: int, num_shards: int) -> str:
+    """The records file of one shard; an unsharded run (``num_shards == 1``) keeps ``records.jsonl``."""
+    return RECORDS_FILE if num_shards == 1 else f"records.{shard_suffix(shard, num_shards)}.jsonl"
+
+
+def record_files(run_dir: str | Path) -> list[Path]:
+    """Every records file of a run: ``records.jsonl`` and the shards' files, in name order."""
+    run_dir = Path(run_dir)
+    return [p for p in [run_dir / RECORDS_FILE, *sorted(run_dir.glob(SHARD_RECORDS_GLOB))] if p.exists()]
+
+
+def load_located_records(run_dir: str | Path) -> list[tuple[str, dict[str, Any]]]:
+    """``(file:line, record)`` of every complete record of every records file of a run, sorted by
+    (prompt_id, sample), so evaluation does not depend on completion order or on the number of shards.
+
+    Raises :class:`RecordsError` naming ``file:line`` for an unreadable line (an incomplete trailing line
+    from a crash is ignored).
     """
-    path = Path(run_dir) / RECORDS_FILE
     out = []
-    for number, line in enumerate(complete_lines(path), 1):
-        try:
-            out.append(parse_record(line))
-        except ValueError as err:
-            raise RecordsError(f"{path}:{number}: {err}; resume the run (stage=generate) to set it aside and redo its image") from None
-    return out
+    for path in record_files(run_dir):
+        for number, line in enumerate(complete_lines(path), 1):
+            try:
+                out.append((f"{path}:{number}", parse_record(line)))
+            except ValueError as err:
+                raise RecordsError(f"{path}:{number}: {err}; resume the run (stage=generate) to set it aside and redo its image") from None
+    return sorted(out, key=lambda item: (item[1]["prompt_id"], item[1]["sample"]))
 
 
-def check_records_match(records: list[dict[str, Any]], info: dict[str, Any], path: Path) -> None:
+def load_records(run_dir: str | Path) -> list[dict[str, Any]]:
+    """All complete records of a run, all shards merged (see :func:`load_located_records`)."""
+    return [record for _, record in load_located_records(run_dir)]
+
+
+def check_records_match(records: list[dict[str, Any]], info: dict[str, Any], where: list[str]) -> None:
     """Refuse records that run.json does not describe (other method, model or method_params) or that repeat
-    an image: metrics over them would mix two configurations. ``records[i]`` is line ``i + 1`` of ``path``."""
-    first_line: dict[tuple[str, int], int] = {}
-    for number, record in enumerate(records, 1):
+    an image: metrics over them would mix two configurations. ``where[i]`` names ``records[i]`` (file:line)."""
+    first: dict[tuple[str, int], str] = {}
+    for at, record in zip(where, records, strict=True):
         key = (record["prompt_id"], record["sample"])
-        if key in first_line:
+        if key in first:
+            path, line = first[key].rsplit(":", 1)
+            earlier = f"on line {line}" if at.rsplit(":", 1)[0] == path else f"at {first[key]}"
             raise RecordsError(
-                f"{path}:{number}: second record of {key[0]} sample {key[1]} (first on line {first_line[key]}); "
+                f"{at}: second record of {key[0]} sample {key[1]} (first {earlier}); "
                 "resume the run (stage=generate) to set it aside"
             )
-        first_line[key] = number
+        first[key] = at
         for field in ("method", "model", "method_params"):
             ours, theirs = record.get(field), info.get(field)
             if ours == theirs:
@@ -162,7 +189,7 @@ def check_records_match(records: list[dict[str, Any]], info: dict[str, Any], pat
                 sub = sorted(k for k in ours.keys() | theirs.keys() if ours.get(k) != theirs.get(k))[0]
                 field, ours, theirs = f"{field}.{sub}", ours.get(sub), theirs.get(sub)
             raise RecordsError(
-                f"{path}:{number}: {key[0]} sample {key[1]} has {field}={ours!r} but run.json says {theirs!r}; "
+                f"{at}: {key[0]} sample {key[1]} has {field}={ours!r} but run.json says {theirs!r}; "
                 "metrics would mix two configurations"
             )
 
@@ -184,14 +211,30 @@ class RecordWriter:
     ``records.rejected.jsonl`` (so their images are generated again): unreadable lines, records whose
     image is missing or unreadable, and repeats of an image already recorded. Readable records are
     never dropped: they stay in ``records.jsonl`` or move to the rejected file.
+
+    ``name`` is the file it appends to (one per shard, :func:`records_file`); only that file is cleaned,
+    but ``done`` also holds the images recorded in the run's other records files.
     """
 
-    def __init__(self, run_dir: str | Path) -> None:
+    def __init__(self, run_dir: str | Path, name: str = RECORDS_FILE) -> None:
         self.run_dir = Path(run_dir)
         (self.run_dir / IMAGES_DIR).mkdir(parents=True, exist_ok=True)
-        self.path = self.run_dir / RECORDS_FILE
+        self.path = self.run_dir / name
         self._drop_incomplete_tail()
-        self.done = self._set_aside_unusable()
+        self.done = self._set_aside_unusable() | self._done_elsewhere()
+
+    def _done_elsewhere(self) -> set[tuple[str, int]]:
+        """The images other records files of the run hold (readable lines; each file's writer cleans it)."""
+        done = set()
+        for path in record_files(self.run_dir):
+            if path != self.path:
+                for line in complete_lines(path):
+                    try:
+                        record = parse_record(line)
+                    except ValueError:
+                        continue
+                    done.add((record["prompt_id"], record["sample"]))
+        return done
 
     def _drop_incomplete_tail(self) -> None:
         if not self.path.exists():

@@ -4,7 +4,8 @@
 ``dataset.*`` but the evaluation-only ones, a sha256 of the prompt list, ``seed``, the device type,
 ``engine.compile``; null values left out) and their hash. Keys that do not change the images (logger,
 progress bar, warm-up, cache length, batch size, latency probe, eval settings, threads) are left out, so
-a resume may change them.
+a resume may change them. So are ``dataset.num_shards`` / ``dataset.shard``: every shard of a run shares
+one fingerprint, and ``shards.json`` records the run's shard count and the images each shard owes.
 """
 
 from __future__ import annotations
@@ -20,12 +21,13 @@ from omegaconf import DictConfig, OmegaConf
 from csd.config import ConfigError, load_prompts, resolve_device
 from csd.lockfile import FileLock
 from csd.prompts import Prompt
-from csd.records import RECORDS_FILE
+from csd.records import RECORDS_FILE, complete_lines, record_files, records_file, shard_suffix
 
 FINGERPRINT_FILE = "fingerprint.json"
+SHARDS_FILE = "shards.json"
 LOCK_FILE = ".lock"
-#: dataset keys read only by the evaluate stage
-DATASET_EVAL_KEYS = ("fid_reference",)
+#: dataset keys that do not change the images: read only by the evaluate stage, or which part a process makes
+DATASET_EVAL_KEYS = ("fid_reference", "num_shards", "shard")
 #: the keys a longer prompt list changes (a resume may extend the list, never change or shorten it)
 PROMPT_LIST_KEYS = ("dataset.n_prompts", "dataset.prompt_count", "dataset.prompts_sha256")
 
@@ -84,12 +86,74 @@ def stored_fingerprint(run_dir: Path) -> dict[str, Any] | None:
 
 
 def has_records(run_dir: Path) -> bool:
-    """Whether ``records.jsonl`` has at least one complete line."""
-    path = run_dir / RECORDS_FILE
-    if not path.exists():
+    """Whether any records file of the run has at least one complete line."""
+    for path in record_files(run_dir):
+        with open(path, "rb") as f:
+            if f.readline().endswith(b"\n"):
+                return True
+    return False
+
+
+def shard_of(prompt_id: str, num_shards: int) -> int:
+    """The shard that generates ``prompt_id``'s images: a stable hash of the id, not its rank, so membership
+    depends only on the id and ``num_shards`` (an image's seed depends on its prompt index, not its shard)."""
+    return int(hashlib.sha256(prompt_id.encode()).hexdigest(), 16) % num_shards
+
+
+def shard_totals(prompts: list[Prompt], samples: int, num_shards: int) -> dict[str, int]:
+    """Images each shard owes: records file name -> count."""
+    totals = {records_file(k, num_shards): 0 for k in range(num_shards)}
+    for prompt in prompts:
+        totals[records_file(shard_of(prompt.prompt_id, num_shards), num_shards)] += samples
+    return totals
+
+
+def _create(path: Path, text: str) -> bool:
+    """Create ``path`` with ``text`` atomically unless it exists (of racing processes one wins)."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
         return False
-    with open(path, "rb") as f:
-        return f.readline().endswith(b"\n")
+    finally:
+        tmp.unlink()
+    return True
+
+
+def check_shards(run_dir: Path, cfg: DictConfig, prompts: list[Prompt]) -> None:
+    """Write ``shards.json`` (shard count + images per shard), or refuse another ``dataset.num_shards``.
+
+    Every process of a run must split it the same way, or two of them could make one image; a longer
+    prompt list (checked by :func:`check_fingerprint`) updates the counts.
+    """
+    n = cfg.dataset.num_shards
+    new = {"num_shards": n, "totals": shard_totals(prompts, cfg.dataset.samples_per_prompt, n)}
+    path = run_dir / SHARDS_FILE
+    if _create(path, json.dumps(new, indent=1)):
+        others = [p.name for p in record_files(run_dir) if p.name not in new["totals"]]
+        if others:  # records from before shards.json existed, split otherwise
+            path.unlink()
+            raise ConfigError(f"dataset.num_shards={n}, but {run_dir} holds {', '.join(others)}; use the num_shards it was made with")
+        return
+    old = json.loads(path.read_text())
+    if old["num_shards"] != n:
+        raise ConfigError(f"dataset.num_shards={n}, but {run_dir} is split into {old['num_shards']} shards; use dataset.num_shards={old['num_shards']}")
+    if old != new:
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(new, indent=1))
+        os.replace(tmp, path)
+
+
+def expected_images(run_dir: Path, n_images: int) -> dict[str, int]:
+    """Records file -> images it should hold when the run is complete (``shards.json``, else run.json's count)."""
+    path = run_dir / SHARDS_FILE
+    return json.loads(path.read_text())["totals"] if path.exists() else {RECORDS_FILE: n_images}
+
+
+def shard_progress(run_dir: Path, n_images: int) -> dict[str, tuple[int, int]]:
+    """Records file -> (images recorded, images owed); counts complete lines (repeats are set aside on resume)."""
+    return {name: (len(complete_lines(run_dir / name)), total) for name, total in expected_images(run_dir, n_images).items()}
 
 
 def differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
@@ -123,7 +187,11 @@ def check_fingerprint(run_dir: Path, cfg: DictConfig, prompts: list[Prompt]) -> 
     takes the new fingerprint; so does one whose prompt list the new one extends (see :func:`extends`).
     """
     new = fingerprint(cfg, prompts)
-    if has_records(run_dir):
+    sharded = cfg.dataset.num_shards > 1
+    if sharded and not (run_dir / FINGERPRINT_FILE).exists():
+        _create(run_dir / FINGERPRINT_FILE, json.dumps({"sha256": _digest(new), "keys": new}, indent=1))
+    # a shard compares with the fingerprint even before any records: another shard may be loading its model
+    if has_records(run_dir) or (sharded and (run_dir / FINGERPRINT_FILE).exists()):
         old = stored_fingerprint(run_dir)
         if old is None:
             raise ConfigError(
@@ -135,11 +203,43 @@ def check_fingerprint(run_dir: Path, cfg: DictConfig, prompts: list[Prompt]) -> 
                 f"{run_dir} holds images made with other settings ({', '.join(differences(old, new))}); "
                 "resume with the original values or use a new hydra.run.dir"
             )
-    tmp = run_dir / f"{FINGERPRINT_FILE}.tmp"
+    tmp = run_dir / f"{FINGERPRINT_FILE}.{os.getpid()}.tmp"
     tmp.write_text(json.dumps({"sha256": _digest(new), "keys": new}, indent=1))
     os.replace(tmp, run_dir / FINGERPRINT_FILE)
 
 
-def generate_lock(run_dir: Path) -> FileLock:
-    """The exclusive lock of the generate stage on ``run_dir`` (one writer of ``records.jsonl``)."""
-    return FileLock(run_dir / LOCK_FILE, what=f"run directory {run_dir}")
+def lock_file(shard: int, num_shards: int) -> str:
+    """``.lock`` for an unsharded run, ``.lock.shard-003-of-008`` for a shard."""
+    return LOCK_FILE if num_shards == 1 else f"{LOCK_FILE}.{shard_suffix(shard, num_shards)}"
+
+
+class RunLock(FileLock):
+    """:class:`FileLock` that also records ``$SLURM_JOB_ID`` and takes over a lock of the same SLURM job.
+
+    A requeued job (preempted, or resubmitted after its time limit) keeps its job id but may run on another
+    host, where the killed process's pid cannot be checked; SLURM never runs two instances of one job, so
+    a lock naming this job id is the previous instance's and stale.
+    """
+
+    def __init__(self, path: str | Path, what: str | None = None) -> None:
+        super().__init__(path, what)
+        self.job_id = os.environ.get("SLURM_JOB_ID")
+        if self.job_id:
+            self.owner["slurm_job_id"] = self.job_id
+
+    def _check_holder(self) -> None:
+        try:
+            stale = self.path.read_bytes()
+            holder = json.loads(stale)
+        except (OSError, ValueError):
+            holder = None
+        if self.job_id and isinstance(holder, dict) and holder.get("slurm_job_id") == self.job_id:
+            self._remove_if_unchanged(stale)
+            return
+        super()._check_holder()
+
+
+def generate_lock(run_dir: Path, shard: int = 0, num_shards: int = 1) -> FileLock:
+    """The exclusive lock of the generate stage on one shard of ``run_dir`` (one writer per records file)."""
+    what = f"run directory {run_dir}" + (f" shard {shard} of {num_shards}" if num_shards > 1 else "")
+    return RunLock(run_dir / lock_file(shard, num_shards), what=what)

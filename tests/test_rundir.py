@@ -146,7 +146,9 @@ def test_records_whose_image_is_missing_or_broken_are_redone(tmp_path):
     broken.write_bytes(broken.read_bytes()[:60])
     generate_run(tiny_cfg(tmp_path))
     again = load_records(tmp_path)
-    assert [(r["prompt_id"], r["tokens"]) for r in again] == [(r["prompt_id"], r["tokens"]) for r in (records[1], records[0], records[2])]
+    # the file now holds records[1], records[0], records[2]; load_records sorts by (prompt_id, sample)
+    assert (tmp_path / RECORDS_FILE).read_text().count("\n") == 3
+    assert [(r["prompt_id"], r["tokens"]) for r in again] == [(r["prompt_id"], r["tokens"]) for r in records]
     assert all(image_readable(tmp_path / r["image"]) for r in again)
     rejected = [json.loads(line) for line in (tmp_path / REJECTED_FILE).read_text().splitlines()]
     assert [json.loads(r["text"])["prompt_id"] for r in rejected] == ["smoke-000", "smoke-002"]

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from csd.records import RECORDS_FILE, check_records_match, load_records
+from csd.records import check_records_match, load_located_records
 
 
 class NotApplicable(Exception):
@@ -32,6 +32,21 @@ class MetricOutput:
     content: dict[str, Any] = field(default_factory=dict)
 
 
+def merge_shard_info(info: dict[str, Any], run_dir: Path) -> dict[str, Any]:
+    """``info`` plus the shards' generate passes (``run.shard-*.json``): throughput summed over shards (images
+    per engine-second of one device) and their batch-1 latency probes concatenated."""
+    shards = [json.loads(p.read_text()) for p in sorted(run_dir.glob("run.shard-*-of-*.json"))]
+    if not shards:
+        return info
+    images = sum(s.get("throughput_images", 0) for s in shards)
+    seconds = sum(s.get("throughput_engine_s", 0.0) for s in shards)
+    merged = {"throughput_images": images, "throughput_engine_s": seconds}
+    if seconds > 0:
+        merged["throughput_images_per_s"] = images / seconds
+    probes = [p for s in shards for p in s.get("latency_probe") or []]
+    return info | merged | ({"latency_probe": probes} if probes else {})
+
+
 @dataclass
 class EvalContext:
     """A finished run as the metrics read it; ``eval`` is the ``eval`` config group."""
@@ -44,16 +59,17 @@ class EvalContext:
 
     @classmethod
     def load(cls, run_dir: str | Path, eval_cfg: DictConfig, device: str = "auto") -> EvalContext:
-        """Read ``run.json`` and the records, refusing records that ``run.json`` does not describe."""
+        """Read ``run.json`` and the records of every shard, refusing records that ``run.json`` does not describe."""
         run_dir = Path(run_dir)
         info_path = run_dir / "run.json"
         if not info_path.exists():
             raise FileNotFoundError(f"{info_path} missing: {run_dir} is not a generated run directory")
-        records = load_records(run_dir)
+        located = load_located_records(run_dir)  # every shard's records, sorted by (prompt_id, sample)
+        records = [record for _, record in located]
         if not records:
             raise FileNotFoundError(f"no records in {run_dir}: run stage=generate first")
-        info = json.loads(info_path.read_text())
-        check_records_match(records, info, run_dir / RECORDS_FILE)
+        info = merge_shard_info(json.loads(info_path.read_text()), run_dir)
+        check_records_match(records, info, [at for at, _ in located])
         dev = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
         return cls(run_dir, info, records, eval_cfg, torch.device(dev))
 

@@ -11,10 +11,12 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from csd.adapters.base import MissingWeightsError
+from csd.config import ConfigError
 from csd.data.files import MissingDataError
 from csd.evaluation import METRICS_FILE
 from csd.evaluation.context import EvalContext, NotApplicable
 from csd.evaluation.metrics import METRICS
+from csd.rundir import SHARDS_FILE, shard_progress
 
 log = logging.getLogger(__name__)
 
@@ -27,12 +29,15 @@ def evaluate_run(run_dir: Path, cfg: DictConfig) -> dict[str, Any]:
 
     Metrics come from ``cfg.eval.metrics`` (``cfg.eval.toy.metrics`` for toy models). A metric that
     cannot run (missing weights or data, not applicable) is recorded under ``skipped`` with the
-    reason, or raises when ``cfg.eval.strict`` is set.
+    reason, or raises when ``cfg.eval.strict`` is set. Metrics are over the union of a sharded run's shards;
+    see :func:`missing_images` for incomplete shards.
     """
     ctx = EvalContext.load(run_dir, cfg.eval, OmegaConf.select(cfg, "device", default="auto"))
+    missing = missing_images(ctx)
     names = list(ctx.eval.toy.metrics if ctx.is_toy else ctx.eval.metrics)
     result: dict[str, Any] = {
-        "run": {k: ctx.info.get(k) for k in RUN_FIELDS} | {"n_records": len(ctx.records)},
+        "run": {k: ctx.info.get(k) for k in RUN_FIELDS} | {"n_records": len(ctx.records)}
+        | ({"allow_partial": True, "missing": missing} if missing else {}),
         "metrics": {}, "skipped": {}, "protocol": {}, "content": {},
     }
     per_image: dict[str, list] = {}
@@ -59,6 +64,23 @@ def evaluate_run(run_dir: Path, cfg: DictConfig) -> dict[str, Any]:
 
         log_evaluated_run(ctx, result, per_image, cfg)
     return result
+
+
+def missing_images(ctx: EvalContext) -> dict[str, int]:
+    """Records file -> images it still lacks, for a sharded run (``shards.json``; an unsharded run is
+    evaluated as it is). Incomplete shards raise :class:`ConfigError` unless ``eval.allow_partial``."""
+    path = ctx.run_dir / SHARDS_FILE
+    if not path.exists() or json.loads(path.read_text())["num_shards"] == 1:
+        return {}
+    progress = shard_progress(ctx.run_dir, ctx.info["n_images"])
+    missing = {name: total - done for name, (done, total) in progress.items() if done < total}
+    if missing and not OmegaConf.select(ctx.eval, "allow_partial", default=False):
+        shards = ", ".join(f"{name} lacks {n} of {progress[name][1]}" for name, n in missing.items())
+        raise ConfigError(
+            f"{ctx.run_dir} is incomplete ({shards}); finish those shards (stage=generate with the same "
+            "dataset.num_shards and dataset.shard) or set eval.allow_partial=true"
+        )
+    return missing
 
 
 def summary_line(result: dict[str, Any]) -> str:

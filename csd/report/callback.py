@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from csd.report.build import build_report
 
@@ -20,5 +20,8 @@ class SweepReportCallback(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         if config.get("stage") not in ("evaluate", "all"):
             log.info("stage=%s: no metrics to report for the sweep", config.get("stage"))
+            return
+        if OmegaConf.select(config, "dataset.num_shards", default=1) > 1:  # shard jobs only generate
+            log.info("sharded run: evaluate it once every shard is done (stage=evaluate run_dir=...), then report")
             return
         build_report(Path(config.hydra.sweep.dir), config)
