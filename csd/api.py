@@ -15,7 +15,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, open_dict
 
 from csd.adapters.base import ModelAdapter
-from csd.config import CONF_DIR, build_adapter, build_rule, resolve_device, validate
+from csd.config import CONF_DIR, build_adapter, build_rule, engine_args, resolve_device, validate
 from csd.engine import Generation, JacobiEngine
 
 
@@ -38,7 +38,7 @@ class Decoder:
         self.overrides = overrides
         self.adapter = adapter or build_adapter(self.cfg.model, resolve_device(self.cfg.device))
         m = self.cfg.method
-        self.engine = JacobiEngine(self.adapter, build_rule(m), window=m.window, init=m.init, coupling=m.coupling)
+        self.engine = JacobiEngine(self.adapter, build_rule(m), **engine_args(m))
 
     def generate(self, prompt: str, seed: int = 0) -> tuple[np.ndarray, Generation]:
         gen = self.engine.generate(prompt, seed)

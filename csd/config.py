@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from csd.acceptance import ENTROPY_NORMS, AcceptanceRule
 from csd.adapters.base import ModelAdapter
-from csd.engine import COUPLINGS, INIT_SCHEMES
+from csd.engine import COUPLINGS, DRAFT_RECORDS, INIT_SCHEMES
 from csd.prompts import Prompt
 from csd.schema import Bool, ByTarget, Choice, Device, Float, Group, Int, IntList, Spec, Str, StrList, StrMap
 
@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 STAGES = ("generate", "evaluate", "report", "status", "all")
 #: method keys that are not hyper-parameters of the acceptance rule
-ENGINE_KEYS = ("name", "_target_", "window", "init", "coupling")
+ENGINE_KEYS = ("name", "_target_", "window", "init", "coupling", "draft_record")
 
 
 class ConfigError(ValueError):
@@ -70,6 +70,7 @@ SCHEMA: dict[str, Spec | ByTarget] = {
     "method.window": Int(min=1),
     "method.init": Choice(options=INIT_SCHEMES),
     "method.coupling": Choice(options=COUPLINGS),
+    "method.draft_record": Choice(options=DRAFT_RECORDS),
     "method.lam": Float(min=0, null=UNSET),
     "method.delta": Float(min=0, max=1, null=UNSET),
     "method.entropy_norm": Choice(options=ENTROPY_NORMS, null=UNSET),
@@ -78,6 +79,10 @@ SCHEMA: dict[str, Spec | ByTarget] = {
     "method.group_size": Int(min=0, null=UNSET),
     "method.prob_threshold": Float(min=0, max=1, null=UNSET),
     "method.embed_threshold": Float(min=0, null=UNSET),
+    "method.entropy_scale": Float(gt=0, null=UNSET),
+    "method.entropy_offset": Float(min=0, max=1, null=UNSET),
+    "method.anneal_scale": Float(min=1, null=UNSET),
+    "method.anneal_decay": Float(min=0, null=UNSET),
     # conf/model/*.yaml
     "model.name": Group(group="model", options=choices),
     "model._target_": Str(),
@@ -227,6 +232,8 @@ def validate(cfg: DictConfig) -> None:
             raise ConfigError(message)
     m, d = cfg.method, cfg.dataset
     _check(m.name != "ar" or m.window == 1, f"method=ar needs method.window=1, got {m.window}")
+    _check(m.draft_record != "uniform" or m.init == "random",
+           f"method.draft_record=uniform records the law of random drafts: it needs method.init=random, got {m.init!r}")
     _check(d.shard < d.num_shards, f"dataset.shard={d.shard} must be < dataset.num_shards={d.num_shards}")
     build_rule(m)  # the rule's own checks, still before any model loads
     warnings = []
@@ -281,6 +288,11 @@ def load_prompts(dataset: DictConfig) -> list[Prompt]:
     return prompts
 
 
+def engine_args(method: DictConfig) -> dict[str, Any]:
+    """The method's drafting settings, as ``JacobiEngine`` keyword arguments."""
+    return {"window": method.window, "init": method.init, "coupling": method.coupling, "draft_record": method.draft_record}
+
+
 def method_params(method: DictConfig) -> dict[str, Any]:
     """What a run records about its method: engine settings plus the rule's own hyper-parameters."""
-    return {"window": method.window, "init": method.init, "coupling": method.coupling, **build_rule(method).params()}
+    return {**engine_args(method), **build_rule(method).params()}

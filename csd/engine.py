@@ -37,6 +37,8 @@ from csd.verify import WindowNoise, couple_drafts, exponential_noise, verify_win
 
 INIT_SCHEMES = ("random", "repeat_left")
 COUPLINGS = ("none", "maximal", "gumbel")
+#: the recorded ``p`` of a fresh random draft: one-hot on itself, or the uniform law it was drawn from
+DRAFT_RECORDS = ("onehot", "uniform")
 STAT_KEYS = ("drafts_proposed", "drafts_verified", "drafts_accepted", "relaxed_accepts", "filter_checks", "filter_passes")
 
 
@@ -123,6 +125,7 @@ class JacobiEngine:
         pad_window: bool = False,
         coupling: str = "none",
         batch_size: int = 1,
+        draft_record: str = "onehot",
     ) -> None:
         if window < 1:
             raise ValueError(f"window must be >= 1, got {window}")
@@ -130,6 +133,10 @@ class JacobiEngine:
             raise ValueError(f"init must be one of {INIT_SCHEMES}, got {init!r}")
         if coupling not in COUPLINGS:
             raise ValueError(f"coupling must be one of {COUPLINGS}, got {coupling!r}")
+        if draft_record not in DRAFT_RECORDS:
+            raise ValueError(f"draft_record must be one of {DRAFT_RECORDS}, got {draft_record!r}")
+        if draft_record == "uniform" and init != "random":
+            raise ValueError("draft_record='uniform' records the law of init='random' drafts; repeat_left drafts are not drawn from it")
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.adapter, self.rule, self.window, self.init = adapter, rule, window, init
@@ -139,6 +146,9 @@ class JacobiEngine:
         # compiled path: every multi-token forward has exactly `window` rows (two step shapes in all)
         self.pad_window = pad_window
         self.batch_size = batch_size
+        # a fresh random draft is drawn uniformly: recording that law (SJD-PAC's code) is as lossless as a
+        # one-hot and accepts with min(1, V q(x)) instead of q(x) (docs/ALGORITHMS.md "Drafting variants")
+        self.draft_record = draft_record
         self.pipeline = TargetPipeline.build(adapter.sampling, adapter.raw_image_columns)
         layout = adapter.layout
         self.device = adapter.device
@@ -164,6 +174,13 @@ class JacobiEngine:
             left = rand[j] if (self.cols[start + j] <= 0 or left is None) else left
             out.append(left)
         return torch.stack(out)
+
+    def fresh_probs(self, fresh: torch.Tensor) -> torch.Tensor:
+        """The recorded ``p`` of fresh drafts ``[count]``: one-hot rows, or the uniform law over the image codes."""
+        vocab = self.adapter.vocab_size
+        if self.draft_record == "uniform":
+            return torch.full((fresh.numel(), vocab), 1.0 / vocab, device=self.device)
+        return F.one_hot(fresh, vocab).float()
 
     @torch.no_grad()
     def generate(self, prompt: str, seed: int) -> Generation:
@@ -220,7 +237,7 @@ class JacobiEngine:
         left = image.carried[keep - 1] if keep else (image.body[n - 1] if n else None)
         fresh = self.fresh_drafts(n + keep, n_drafts - keep, left, image.generator)
         drafts = torch.cat([image.carried[:keep], fresh])
-        draft_probs = torch.cat([image.carried_probs[:keep], F.one_hot(fresh, self.adapter.vocab_size).float()])
+        draft_probs = torch.cat([image.carried_probs[:keep], self.fresh_probs(fresh)])
         # column 0 is the anchor: the last committed token (the adapter puts the prompt tail there when n = 0)
         anchor = self.body_ids(image.body[n - 1 : n], n - 1) if n else self.image_ids[:1]
         return _Window(rows, drafts, draft_probs, torch.cat([anchor, self.body_ids(drafts, n)]))

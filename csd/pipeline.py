@@ -16,7 +16,15 @@ import transformers
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from csd.config import build_adapter, build_rule, load_prompts, method_params, resolve_device, validate
+from csd.config import (
+    build_adapter,
+    build_rule,
+    engine_args,
+    load_prompts,
+    method_params,
+    resolve_device,
+    validate,
+)
 from csd.engine import Generation, JacobiEngine, Request, synchronize
 from csd.prompts import Prompt
 from csd.records import ImageRecord, RecordWriter, image_name, load_records, records_file, shard_suffix
@@ -186,10 +194,8 @@ def generate_missing(cfg: DictConfig, prompts: list[Prompt], writer: RecordWrite
     device = resolve_device(cfg.device)
     adapter = build_adapter(cfg.model, device, cfg.engine)
     write_run_info(run_dir, cfg, params, adapter.describe(), n_images)
-    m = cfg.method
-    engine = JacobiEngine(
-        adapter, rule, m.window, m.init, pad_window=cfg.engine.compile, coupling=m.coupling, batch_size=cfg.engine.batch_size
-    )
+    args = {**engine_args(cfg.method), "pad_window": cfg.engine.compile}
+    engine = JacobiEngine(adapter, rule, **args, batch_size=cfg.engine.batch_size)
     warm_up(cfg, engine, todo[0][1].text)
     log.info("%s: %d of %d images to generate, %d at a time", run_dir, len(todo), n_images, cfg.engine.batch_size)
     requests = (Request(prompt.text, image_seed(cfg.seed, index, sample), key=(index, prompt, sample)) for index, prompt, sample in todo)
@@ -208,7 +214,7 @@ def generate_missing(cfg: DictConfig, prompts: list[Prompt], writer: RecordWrite
         info_path, throughput_images=len(todo), throughput_engine_s=engine_s, throughput_images_per_s=len(todo) / engine_s
     )
     if cfg.engine.batch_size > 1 and cfg.engine.latency_probe:
-        probe = JacobiEngine(adapter, rule, m.window, m.init, pad_window=cfg.engine.compile, coupling=m.coupling)
+        probe = JacobiEngine(adapter, rule, **args)
         update_run_info(info_path, latency_probe=latency_probe(cfg, probe, prompts, run_dir))
 
 

@@ -68,16 +68,21 @@ def _digest(keys: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(keys, sort_keys=True).encode()).hexdigest()
 
 
+#: keys added to the configs after runs were made, with the value those runs used without naming it
+ADDED_KEYS = {"method.draft_record": "onehot"}
+
+
 def stored_fingerprint(run_dir: Path) -> dict[str, Any] | None:
-    """The directory's fingerprint: ``fingerprint.json``, else derived from an older run's ``config.yaml``."""
+    """The directory's fingerprint: ``fingerprint.json``, else derived from an older run's ``config.yaml``
+    (keys of :data:`ADDED_KEYS` it lacks take their implicit value)."""
     path = run_dir / FINGERPRINT_FILE
     if path.exists():
-        return json.loads(path.read_text())["keys"]
+        return {**ADDED_KEYS, **json.loads(path.read_text())["keys"]}
     config = run_dir / "config.yaml"
     if config.exists():
         old = OmegaConf.load(config)
         try:
-            return fingerprint(old, load_prompts(old.dataset))
+            return {**ADDED_KEYS, **fingerprint(old, load_prompts(old.dataset))}
         except (AttributeError, KeyError, ValueError, OSError) as err:  # an older layout, or its dataset file is gone
             raise ConfigError(
                 f"{run_dir} has records but its settings cannot be rebuilt from {config} ({err}); use a new hydra.run.dir"

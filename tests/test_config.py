@@ -61,6 +61,8 @@ def test_paper_variants_override_their_base_method():
         (["method=ar", "method.window=4"], "method=ar needs method.window=1"),
         (["method.init=zeros"], "random"),
         (["method.coupling=gumble"], "gumbel"),
+        (["method.draft_record=gauss"], "onehot"),
+        (["method.draft_record=uniform", "method.init=repeat_left"], "needs method.init=random"),
         (["model.top_k=0"], "model.top_k=0 must be an integer >= 1"),
         (["model.guidance_scale=0"], "guidance_scale=0 must be > 0"),
         (["model.temperature=-1"], "temperature=-1"),
@@ -107,7 +109,8 @@ def test_generate_writes_records_and_resumes(tmp_path):
     assert [r["prompt_id"] for r in records] == ["smoke-000", "smoke-001"]
     rec = records[0]
     assert rec["method_params"] == {
-        "window": 16, "init": "random", "coupling": "none", "lam": 0.1, "delta": 0.5, "entropy_norm": "none"
+        "window": 16, "init": "random", "coupling": "none", "draft_record": "onehot", "lam": 0.1, "delta": 0.5,
+        "entropy_norm": "none",
     }
     assert len(rec["tokens"]) == len(rec["commit_iter"]) == len(rec["commit_kind"]) == 64
     assert rec["step_compression"] == pytest.approx(64 / rec["nfe"])

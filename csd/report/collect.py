@@ -17,7 +17,7 @@ from csd.evaluation.speed import speedup
 log = logging.getLogger(__name__)
 AR_METHOD = "ar"
 #: engine-wide keys every method records; labelled only when they tell runs of one method apart
-ENGINE_KEYS = ("window", "init", "coupling")
+ENGINE_KEYS = ("window", "init", "coupling", "draft_record")
 
 
 def find_run_dirs(source: str | Path | Sequence[str | Path]) -> list[Path]:
@@ -43,7 +43,7 @@ def label_keys(params_of_runs: Sequence[dict[str, Any]]) -> list[str]:
     """The hyper-parameters that name the runs of one method in a report.
 
     Several runs: the keys whose values differ between them (constant ones would repeat on every
-    point). One run: its method's own keys (not the engine-wide ``window``/``init``/``coupling``).
+    point). One run: its method's own keys (not the engine-wide ``window``/``init``/``coupling``/``draft_record``).
     """
     scalar = [{k: v for k, v in p.items() if k not in ("name", "_target_") and not isinstance(v, (dict, list))}
               for p in params_of_runs]

@@ -1,0 +1,41 @@
+"""Entropy-informed SJD acceptance (arXiv 2510.09012, released Lumina-mGPT code of ``krennic999/ARsample``).
+
+The released code scales SJD's uniform by ``s = clamp(H(q)/e + o, 0, 1)`` and accepts iff
+``u s <= min(1, q(x)/p(x))``, i.e. with probability ``b = min(1, q(x) / (s p(x)))``: most lenient where the
+target is confident (``1/s = 20`` at ``H = 0``). ``b >= min(1, q/p)``, so the TV-optimal residual
+``norm([q - p b]_+)`` is the lossless ``norm([q - p]_+)`` (COOL-SD, Prop. 1). The paper's "+random" rule
+and its dynamic temperature are not implemented (design notes, NEW_METHODS.md section 2).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from csd.acceptance import AcceptanceRule, Verdict, likelihood_ratio
+
+
+class EntropySJD(AcceptanceRule):
+    """``b = min(1, q(x) / (s p(x)))``, ``s = clamp(H(q) / entropy_scale + entropy_offset, 0, 1)`` (``H`` in nats)."""
+
+    name = "entropy_sjd"
+    lossless = False
+
+    def __init__(self, entropy_scale: float = 9.0, entropy_offset: float = 0.05) -> None:
+        if not entropy_scale > 0:
+            raise ValueError(f"entropy_sjd: entropy_scale must be > 0, got {entropy_scale}")
+        if not 0.0 <= entropy_offset <= 1.0:
+            raise ValueError(f"entropy_sjd: entropy_offset must be in [0, 1], got {entropy_offset}")
+        self.entropy_scale, self.entropy_offset = float(entropy_scale), float(entropy_offset)
+
+    def uniform_scale(self, target_entropy: torch.Tensor) -> torch.Tensor:
+        """``s = clamp(H / e + o, 0, 1)``."""
+        return (target_entropy / self.entropy_scale + self.entropy_offset).clamp(0.0, 1.0)
+
+    def accept_prob(self, target_probs, draft_probs, drafts, target_entropy) -> Verdict:
+        ratio = likelihood_ratio(target_probs, draft_probs, drafts)
+        # s = 0 (H = 0, o = 0): accept every x with q(x) > 0, never one with q(x) = 0
+        scaled = ratio / self.uniform_scale(target_entropy).clamp_min(1e-30)
+        return Verdict(scaled.clamp(max=1.0), ratio.clamp(max=1.0))
+
+    def params(self) -> dict[str, object]:
+        return {"entropy_scale": self.entropy_scale, "entropy_offset": self.entropy_offset}
