@@ -80,3 +80,20 @@ def count_host_reads(monkeypatch) -> list[str]:
 
         monkeypatch.setattr(torch.Tensor, name, counted)
     return calls
+
+
+def host_reads_per_batched_run(engine, requests, monkeypatch) -> tuple[int, int]:
+    """(host reads of device values, iterations + finished images) while ``engine`` decodes ``requests``:
+    the engine's contract is one read per iteration (the committed counts) plus one per finished image."""
+    calls = count_host_reads(monkeypatch)
+    iterations = []
+    step = engine._iteration
+
+    def counting(state, slots):
+        iterations.append(1)
+        return step(state, slots)
+
+    monkeypatch.setattr(engine, "_iteration", counting)
+    gens = [gen for _, gen in engine.generate_many(requests)]
+    monkeypatch.undo()
+    return len(calls), len(iterations) + len(gens)

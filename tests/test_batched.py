@@ -16,7 +16,7 @@ from csd.adapters.emu3 import tiny_emu3_adapter
 from csd.adapters.janus import tiny_janus_adapter
 from csd.adapters.lumina import tiny_lumina_adapter
 from csd.engine import JacobiEngine, Request
-from tests.helpers import chi_square_pvalue, count_host_reads, exact_sequence_distribution
+from tests.helpers import chi_square_pvalue, exact_sequence_distribution, host_reads_per_batched_run
 
 PROMPTS = ["a", "two red circles left of a blue square", "a cat", "a lighthouse on a cliff at sunset, oil painting"]
 
@@ -122,15 +122,5 @@ def test_batched_sjd_is_lossless_with_mixed_prompts():
 def test_one_host_sync_per_batched_iteration(janus, monkeypatch):
     """One read of the committed counts per iteration for the whole batch, plus one per finished image."""
     engine = JacobiEngine(janus, CSD(lam=0.5, delta=0.9), window=5, batch_size=4)
-    calls = count_host_reads(monkeypatch)
-    iterations = []
-    step = engine._iteration
-
-    def counting(state, slots):
-        iterations.append(1)
-        return step(state, slots)
-
-    monkeypatch.setattr(engine, "_iteration", counting)
-    gens = [gen for _, gen in engine.generate_many(requests(4))]
-    monkeypatch.undo()
-    assert len(calls) == len(iterations) + len(gens), calls
+    reads, expected = host_reads_per_batched_run(engine, requests(4), monkeypatch)
+    assert reads == expected

@@ -19,7 +19,7 @@ from csd.adapters.janus import tiny_janus_adapter
 from csd.engine import JacobiEngine, Request
 from csd.fast import StaticDecoder, check_transformers_version, rollback_static_cache
 from experiments import bench_latency
-from tests.helpers import count_host_reads
+from tests.helpers import host_reads_per_batched_run
 
 torch.set_num_threads(1)
 
@@ -208,18 +208,8 @@ def test_batched_compiled_engine_one_host_sync_per_iteration(monkeypatch):
     adapter = tiny_janus_adapter(**BATCHED_TINY, cache="static", compile=True, compile_backend="aot_eager")
     engine = JacobiEngine(adapter, CSD(lam=0.5, delta=0.9), window=5, pad_window=True, batch_size=3)
     list(engine.generate_many(batch_requests(3)))  # compile outside the count
-    calls = count_host_reads(monkeypatch)
-    iterations = []
-    step = engine._iteration
-
-    def counting(state, slots):
-        iterations.append(1)
-        return step(state, slots)
-
-    monkeypatch.setattr(engine, "_iteration", counting)
-    gens = [gen for _, gen in engine.generate_many(batch_requests(4, offset=50))]
-    monkeypatch.undo()
-    assert len(calls) == len(iterations) + len(gens), calls
+    reads, expected = host_reads_per_batched_run(engine, batch_requests(4, offset=50), monkeypatch)
+    assert reads == expected
 
 
 def test_batched_static_cache_has_a_fixed_capacity():
