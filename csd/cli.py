@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from csd.adapters.base import MissingWeightsError
 from csd.config import ConfigError, validate
@@ -96,6 +96,11 @@ def interrupted_message(cfg: DictConfig, saved: str) -> str:
     if cfg.stage == "report":
         return "the report was not finished; run the same command again"
     run_dir = Path(cfg.run_dir)
+    kept = saved or f"finished images are kept in {run_dir}"
+    shards = OmegaConf.select(cfg, "dataset.num_shards", default=1)
+    if shards > 1:  # one shard of a run: rerun just that shard into the run's directory
+        return (f"{kept}; to resume this shard, run it alone with run_dir={run_dir} "
+                f"dataset.num_shards={shards} dataset.shard={cfg.dataset.shard}")
     # a multirun job's directory is <sweep dir>/<job>, recreated by rerunning the sweep into the same sweep dir
     again = f"hydra.sweep.dir={run_dir.parent}" if in_multirun() else f"hydra.run.dir={run_dir}"
-    return f"{saved or f'finished images are kept in {run_dir}'}; to resume, run the same command with {again}"
+    return f"{kept}; to resume, run the same command with {again}"

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
-from omegaconf import open_dict
+from omegaconf import OmegaConf, open_dict
 
-from csd.cli import one_gpu_per_shard
+from csd.cli import interrupted_message, one_gpu_per_shard
 from csd.config import CONF_DIR, ConfigError, load_prompts
 from csd.evaluation import evaluate_run
 from csd.lockfile import LockHeldError
@@ -189,3 +189,12 @@ def test_the_launcher_presets_compose_without_slurm():
     for key in ("gpus_per_node", "tasks_per_node", "cpus_per_task", "mem_gb", "timeout_min", "partition",
                 "array_parallelism", "additional_parameters"):
         assert f"\n{key}:" in preset
+
+
+def test_ctrl_c_in_a_shard_says_how_to_resume_that_shard(tmp_path):
+    cfg = OmegaConf.create({"stage": "generate", "run_dir": str(tmp_path), "dataset": {"num_shards": 4, "shard": 2}})
+    assert interrupted_message(cfg, "3 of 9 images saved in x") == (
+        f"3 of 9 images saved in x; to resume this shard, run it alone with run_dir={tmp_path} "
+        "dataset.num_shards=4 dataset.shard=2"
+    )
+

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import wandb
 from omegaconf import OmegaConf
 
 from csd.evaluation import evaluate_run
@@ -21,6 +22,7 @@ def test_offline_wandb_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
     cfg = eval_cfg(tmp_path, **{"eval.toy.metrics": ["speed", "content"]})
     cfg.logger = OmegaConf.load(REPO / "conf/logger/wandb.yaml")
     evaluate_run(run, cfg)
+    wandb.teardown()  # the W&B service writes the run file asynchronously: flush it before reading
     offline = list((run / "wandb").glob("offline-run-*"))
     assert len(offline) == 1
     data = next(offline[0].glob("run-*.wandb")).read_bytes()
@@ -37,6 +39,7 @@ def test_reevaluation_resumes_the_same_wandb_run(tmp_path: Path, monkeypatch: py
     cfg.logger = OmegaConf.load(REPO / "conf/logger/wandb.yaml")
     evaluate_run(run, cfg)
     evaluate_run(run, cfg)
+    wandb.teardown()
     logs = [p.name for p in (run / "wandb").glob("offline-run-*/run-*.wandb")]
     # one local W&B directory per evaluation, both of the same W&B run: `wandb sync` appends them
     assert len(logs) == 2 and len(set(logs)) == 1, logs
