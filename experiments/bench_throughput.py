@@ -2,7 +2,9 @@
 
 For every method (AR, SJD, CSD) and B, ``JacobiEngine(batch_size=B).generate_many`` decodes
 ``max(--images, --rounds * B)`` images (continuous refill: a finished row takes the next image) after
-``--warmup`` untimed ones; images/s = images / wall time of the pass. An image depends only on
+``--warmup`` untimed ones; images/s = images / wall time of the pass, which includes the drain at the end
+(the last images finish with fewer and fewer busy slots); steady images/s counts only the span in which every slot
+is busy (first completion until a freed slot finds no next image), the rate of a long run. An image depends only on
 (prompt, seed), so every image also decoded at B = 1 must have the same tokens and NFE there
 (``mismatches``: images that differ; 0 in fp32, other GPU kernels for other batch shapes may change
 low-precision numerics).
@@ -69,13 +71,26 @@ def make_requests(captions: list[str], n: int, seed0: int = 0) -> list[Request]:
     return [Request(captions[i % len(captions)], seed0 + i, key=i) for i in range(n)]
 
 
-def decode_pass(engine: JacobiEngine, requests: list[Request], device: torch.device) -> tuple[dict[int, Any], float]:
-    """key -> (tokens, nfe) of every request, and the wall time of the pass (device-synchronised)."""
+def decode_pass(engine: JacobiEngine, requests: list[Request], device: torch.device) -> tuple[dict[int, Any], float, float | None]:
+    """key -> (tokens, nfe) of every request, the wall time of the pass (device-synchronised), and the steady-state
+    images/s: completions per second from the first completion until the queue runs dry (a freed slot finds no
+    next image; until then every slot is busy, as in a long run), None when no image completes in that span."""
+    pulled: list[float] = []
+
+    def feed():
+        yield from requests
+        pulled.append(time.perf_counter())  # the engine asked for an image after the last one
+
     synchronize(device)
     start = time.perf_counter()
-    out = {request.key: (gen.tokens.tolist(), gen.nfe) for request, gen in engine.generate_many(requests)}
+    out, done = {}, []
+    for request, gen in engine.generate_many(feed()):
+        out[request.key] = (gen.tokens.tolist(), gen.nfe)
+        done.append(time.perf_counter())
     synchronize(device)
-    return out, time.perf_counter() - start
+    seconds = time.perf_counter() - start
+    steady = [t for t in done[1:] if t <= pulled[0]]
+    return out, seconds, (len(steady) / (pulled[0] - done[0]) if steady else None)
 
 
 def bench_method(
@@ -89,7 +104,7 @@ def bench_method(
         engine = JacobiEngine(adapter, rule, window=window, batch_size=batch)
         decode_pass(engine, make_requests(captions, args.warmup, seed0=10_000), adapter.device)
         n = max(args.images, args.rounds * batch)
-        results, seconds = decode_pass(engine, make_requests(captions, n), adapter.device)
+        results, seconds, steady = decode_pass(engine, make_requests(captions, n), adapter.device)
         if not reference:
             reference = results
         common = sorted(reference.keys() & results.keys())  # the first --images images: per-image numbers compare
@@ -97,6 +112,7 @@ def bench_method(
             "images": n,
             "seconds": seconds,
             "images_per_s": n / seconds,
+            "steady_images_per_s": steady,
             "nfe_mean": statistics.fmean(results[k][1] for k in common),
             "step_compression": statistics.fmean(len(results[k][0]) / results[k][1] for k in common),
             "nfe_mean_all": statistics.fmean(nfe for _, nfe in results.values()),
@@ -117,14 +133,19 @@ def markdown(res: dict[str, Any]) -> str:
         f"{meta['warmup']} warm-up image(s) per measurement; images = max({meta['images']}, {meta['rounds']} x B); "
         f"NFE and step compression over the first {meta['images']} images (those decoded at every B).",
         "",
-        "| method | B | images | images/s | vs B = 1 | NFE / image | step compression | mismatches vs B = 1 |",
-        "|---|---|---|---|---|---|---|---|",
+        "| method | B | images | images/s | vs B = 1 | steady images/s | vs B = 1 | NFE / image | step compression "
+        "| mismatches vs B = 1 |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for method, by_batch in res["methods"].items():
-        base = next(iter(by_batch.values()))["images_per_s"]
+        first = next(iter(by_batch.values()))
+        base, steady_base = first["images_per_s"], first["steady_images_per_s"]
         for batch, r in by_batch.items():
+            steady = r["steady_images_per_s"]
+            steady_cols = "n/a | n/a" if steady is None or steady_base is None else f"{steady:.2f} | {steady / steady_base:.2f}x"
             lines.append(
                 f"| {method} | {batch} | {r['images']} | {r['images_per_s']:.2f} | {r['images_per_s'] / base:.2f}x | "
+                f"{steady_cols} | "
                 f"{r['nfe_mean']:.1f} | {r['step_compression']:.2f} | {r['mismatches']} / {r['compared']} |"
             )
     return "\n".join(lines) + "\n"
