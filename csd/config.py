@@ -7,6 +7,7 @@ each value of the composed config against it and warns about keys nothing reads.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import functools
 import inspect
 import logging
@@ -20,16 +21,34 @@ from hydra.utils import get_class, get_method
 from omegaconf import DictConfig, OmegaConf
 
 from csd.acceptance import ENTROPY_NORMS, AcceptanceRule
-from csd.adapters.base import ModelAdapter
+from csd.adapters.base import EntropyTemperature, ModelAdapter
 from csd.engine import COUPLINGS, DRAFT_RECORDS, INIT_SCHEMES
+from csd.evaluation.images import step_error
 from csd.prompts import Prompt
-from csd.schema import Bool, ByTarget, Choice, Device, Float, Group, Int, IntList, Spec, Str, StrList, StrMap
+from csd.schema import (
+    Bool,
+    ByTarget,
+    Choice,
+    Device,
+    Fields,
+    Float,
+    Group,
+    Int,
+    IntList,
+    Spec,
+    Str,
+    StrList,
+    StrMap,
+)
+from csd.tree import tree_problem
 
 log = logging.getLogger(__name__)
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 STAGES = ("generate", "evaluate", "report", "status", "all")
 #: method keys that are not hyper-parameters of the acceptance rule
-ENGINE_KEYS = ("name", "_target_", "window", "init", "coupling", "draft_record")
+ENGINE_KEYS = ("name", "_target_", "window", "init", "coupling", "draft_record", "tree_width", "tree_depth", "pac_code_parity")
+#: tree-window keys (SJD-PAC), recorded only for tree windows so that chain runs keep their parameters
+TREE_KEYS = ("tree_width", "tree_depth", "pac_code_parity")
 
 
 class ConfigError(ValueError):
@@ -54,7 +73,10 @@ def metric_names() -> list[str]:
 #: what null means for a key every method carries but only some use (method_keys.yaml)
 UNSET = "for the method's default"
 
-#: every key of ``conf/``: ``group.key`` (nested: ``eval.fid.resize``) -> its allowed values
+#: ``dataset.caption_rule`` of COCO captions (the keys of ``csd.data.coco.CAPTION_RULES``, which imports this module)
+CAPTION_RULES = ("longest", "sjd", "lantern")
+
+#: every key of ``conf/``: ``group.key`` (nested: ``eval.fid.paired``) -> its allowed values
 SCHEMA: dict[str, Spec | ByTarget] = {
     # conf/config.yaml
     "stage": Choice(options=STAGES),
@@ -71,6 +93,9 @@ SCHEMA: dict[str, Spec | ByTarget] = {
     "method.init": Choice(options=INIT_SCHEMES),
     "method.coupling": Choice(options=COUPLINGS),
     "method.draft_record": Choice(options=DRAFT_RECORDS),
+    "method.tree_width": Int(min=1),
+    "method.tree_depth": Int(min=1),
+    "method.pac_code_parity": Bool(),
     "method.lam": Float(min=0, null=UNSET),
     "method.delta": Float(min=0, max=1, null=UNSET),
     "method.entropy_norm": Choice(options=ENTROPY_NORMS, null=UNSET),
@@ -79,10 +104,12 @@ SCHEMA: dict[str, Spec | ByTarget] = {
     "method.group_size": Int(min=0, null=UNSET),
     "method.prob_threshold": Float(min=0, max=1, null=UNSET),
     "method.embed_threshold": Float(min=0, null=UNSET),
+    "method.embed_threshold_quantile": Float(min=0, max=1, null="for the absolute method.embed_threshold"),
     "method.entropy_scale": Float(gt=0, null=UNSET),
     "method.entropy_offset": Float(min=0, max=1, null=UNSET),
     "method.anneal_scale": Float(min=1, null=UNSET),
     "method.anneal_decay": Float(min=0, null=UNSET),
+    "method.code_parity": Bool(null=UNSET),
     # conf/model/*.yaml
     "model.name": Group(group="model", options=choices),
     "model._target_": Str(),
@@ -91,6 +118,10 @@ SCHEMA: dict[str, Spec | ByTarget] = {
     "model.guidance_scale": Float(gt=0),
     "model.top_k": Int(min=1, null="for no top-k"),
     "model.temperature": Float(gt=0),
+    "model.entropy_temperature": Fields(
+        fields={"t0": Float(min=0), "alpha": Float(gt=0), "theta": Float(min=0), "lo": Float(gt=0), "hi": Float(gt=0)},
+        null="for off; the released Lumina-mGPT values: {t0: 1.5, alpha: 2.5, theta: 0.7, lo: 0.7, hi: 2.0}",
+    ),
     "model.random_init": Bool(),
     "model.grid": ByTarget(IntList(length=2, min=1), {"csd.adapters.janus.tiny_janus_adapter": Int(min=1)}),
     "model.codebook": Int(min=1),
@@ -116,6 +147,7 @@ SCHEMA: dict[str, Spec | ByTarget] = {
     "dataset.split": Choice(options=("heldout", "train")),
     "dataset.num_shards": Int(min=1),
     "dataset.shard": Int(min=0),
+    "dataset.caption_rule": Choice(options=CAPTION_RULES),
     # conf/engine/*.yaml
     "engine.compile": Bool(),
     "engine.max_cache_len": Int(min=1, null="for prompt + body + 64"),
@@ -128,13 +160,19 @@ SCHEMA: dict[str, Spec | ByTarget] = {
     "eval.strict": Bool(),
     "eval.allow_partial": Bool(),
     "eval.batch_size": Int(min=1),
+    "eval.protocol": Str(),
+    "eval.caption_rule": Choice(options=CAPTION_RULES, null="for any"),
+    "eval.bootstrap": Int(min=0),
     "eval.clip.model": Str(),
     "eval.clip.pretrained": Str(),
     "eval.clip.model_config": Str(null=""),
+    "eval.clip.transforms": StrList(check=step_error),
+    "eval.clip.prefix": Str(),
+    "eval.clip.scale": Float(gt=0),
+    "eval.clip.clamp": Choice(options=("image", "mean", "none")),
     "eval.fid.reference_dir": Str(null="for dataset.fid_reference"),
     "eval.fid.paired": Bool(),
-    "eval.fid.resize": Int(min=1, null="for no resize"),
-    "eval.fid.center_crop": Int(min=1, null="for no crop"),
+    "eval.fid.transforms": StrList(check=step_error),
     "eval.fid.feature": Choice(options=(64, 192, 768, 2048)),
     "eval.fid.inception_weights": Str(null=""),
     "eval.fid.cache_dir": Str(),
@@ -235,7 +273,19 @@ def validate(cfg: DictConfig) -> None:
     _check(m.draft_record != "uniform" or m.init == "random",
            f"method.draft_record=uniform records the law of random drafts: it needs method.init=random, got {m.init!r}")
     _check(d.shard < d.num_shards, f"dataset.shard={d.shard} must be < dataset.num_shards={d.num_shards}")
+    problem = tree_problem(m.window, m.tree_width, m.tree_depth, m.coupling, m.pac_code_parity)
+    _check(problem is None, str(problem))
+    if m.tree_width > 1:
+        _check(cfg.engine.batch_size == 1, f"method={m.name} with tree windows (method.tree_width={m.tree_width}) decodes "
+               f"one image at a time: set engine.batch_size=1, got {cfg.engine.batch_size}")
+        _check(not cfg.engine.compile, f"method={m.name} with tree windows (method.tree_width={m.tree_width}) runs eagerly: set engine.compile=false")
+    rule = OmegaConf.select(cfg, "eval.caption_rule")
+    _check(rule is None or cfg.stage not in ("generate", "all") or d.get("caption_rule", rule) == rule,
+           f"eval.protocol={OmegaConf.select(cfg, 'eval.protocol')} was published on COCO prompts chosen by "
+           f"dataset.caption_rule={rule}, but dataset.caption_rule={d.get('caption_rule')}; set "
+           f"dataset.caption_rule={rule}, or eval.caption_rule=null to apply its metrics to these prompts")
     build_rule(m)  # the rule's own checks, still before any model loads
+    entropy_temperature(cfg.model)
     warnings = []
     if unknown:
         warnings.append(f"ignoring config key(s) that csd-bench does not read: {', '.join(unknown)}")
@@ -254,6 +304,17 @@ def build_rule(method: DictConfig) -> AcceptanceRule:
         raise ConfigError(str(err)) from err
 
 
+def entropy_temperature(model: DictConfig) -> EntropyTemperature | None:
+    """``model.entropy_temperature`` (None: off) as the processor's parameters; ``lo > hi`` is a :class:`ConfigError`."""
+    params = model.get("entropy_temperature")
+    if params is None:
+        return None
+    try:
+        return EntropyTemperature(**OmegaConf.to_container(params))
+    except ValueError as err:
+        raise ConfigError(f"model.entropy_temperature={OmegaConf.to_container(params)}: {err}") from err
+
+
 def resolve_device(device: str) -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -264,14 +325,19 @@ def resolve_device(device: str) -> torch.device:
 
 def build_adapter(model: DictConfig, device: torch.device, engine: DictConfig | None = None) -> ModelAdapter:
     """The model's loader with its config values (``engine.compile``: static cache + compiled decode step)."""
-    params = {k: v for k, v in OmegaConf.to_container(model, resolve=True).items() if k not in ("name", "_target_")}
+    params = {k: v for k, v in OmegaConf.to_container(model, resolve=True).items()
+              if k not in ("name", "_target_", "entropy_temperature")}
     params["top_k"] = params.get("top_k") or 0
     loader = get_method(model._target_)
     if engine is not None and engine.compile:
         if "compile" not in inspect.signature(loader).parameters:
             raise ConfigError(f"engine.compile=true: model={model.name} has no compiled path; use engine.compile=false")
         params.update(cache="static", compile=True, max_cache_len=engine.max_cache_len)
-    return loader(**params, device=str(device))
+    adapter = loader(**params, device=str(device))
+    tempered = entropy_temperature(model)
+    if tempered is not None:  # part of the target q, which the engine's processors build from adapter.sampling
+        adapter.sampling = dataclasses.replace(adapter.sampling, entropy_temperature=tempered)
+    return adapter
 
 
 def load_prompts(dataset: DictConfig) -> list[Prompt]:
@@ -290,9 +356,13 @@ def load_prompts(dataset: DictConfig) -> list[Prompt]:
 
 def engine_args(method: DictConfig) -> dict[str, Any]:
     """The method's drafting settings, as ``JacobiEngine`` keyword arguments."""
-    return {"window": method.window, "init": method.init, "coupling": method.coupling, "draft_record": method.draft_record}
+    return {"window": method.window, "init": method.init, "coupling": method.coupling, "draft_record": method.draft_record,
+            **{key: method[key] for key in TREE_KEYS}}
 
 
 def method_params(method: DictConfig) -> dict[str, Any]:
     """What a run records about its method: engine settings plus the rule's own hyper-parameters."""
-    return {**engine_args(method), **build_rule(method).params()}
+    args = engine_args(method)
+    if args["tree_width"] == 1:
+        args = {k: v for k, v in args.items() if k not in TREE_KEYS}
+    return {**args, **build_rule(method).params()}

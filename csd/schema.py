@@ -171,10 +171,12 @@ class IntList(Spec):
 
 @dataclass(frozen=True, kw_only=True)
 class StrList(Spec):
-    """A list of strings; with ``names``, each must be one of ``names()`` (a ``what``)."""
+    """A list of strings; with ``names``, each must be one of ``names()`` (a ``what``); with ``check``, each
+    must pass it (``check(v)`` says what is wrong with ``v``, None if nothing)."""
 
     names: Callable[[], list[str]] | None = None
     what: str = "name"
+    check: Callable[[str], str | None] | None = None
 
     def describe(self) -> str:
         return "a list of strings"
@@ -184,8 +186,11 @@ class StrList(Spec):
 
     def error(self, key: str, value: Any) -> str | None:
         message = super().error(key, value)
-        if message or value is None or self.names is None:
+        if message or value is None:
             return message
+        problem = next((p for v in value if (p := self.check(v))), None) if self.check is not None else None
+        if problem or self.names is None:
+            return f"{key}={show(value)}: {problem}" if problem else None
         unknown = [v for v in value if v not in self.names()]
         return f"{key}={show(value)}: unknown {self.what} {unknown[0]!r}; choose from {self.names()}" if unknown else None
 
@@ -197,6 +202,25 @@ class StrMap(Spec):
 
     def accepts(self, value: Any) -> bool:
         return isinstance(value, DictConfig) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())
+
+
+@dataclass(frozen=True, kw_only=True)
+class Fields(Spec):
+    """A mapping with exactly the keys of ``fields``, each value checked by its own spec (``key.field=...``)."""
+
+    fields: dict[str, Spec]
+
+    def describe(self) -> str:
+        return f"a mapping with the keys {list(self.fields)}"
+
+    def accepts(self, value: Any) -> bool:
+        return isinstance(value, DictConfig) and set(value) == set(self.fields)
+
+    def error(self, key: str, value: Any) -> str | None:
+        message = super().error(key, value)
+        if message or value is None:
+            return message
+        return next((m for name, spec in self.fields.items() if (m := spec.error(f"{key}.{name}", value[name]))), None)
 
 
 @dataclass(frozen=True)

@@ -62,7 +62,7 @@ def test_preprocess_and_mixed_sizes(tmp_path: Path) -> None:
     files = sorted(tmp_path.glob("*.png"))
     raw = list(file_batches(files, Preprocess(), batch_size=8))
     assert [tuple(b.shape) for b in raw] == [(2, 3, 30, 40), (1, 3, 50, 20)]
-    cropped = list(file_batches(files, Preprocess(resize=24, center_crop=16), batch_size=8))
+    cropped = list(file_batches(files, Preprocess(("resize_shorter:24", "center_crop:16")), batch_size=8))
     assert [tuple(b.shape) for b in cropped] == [(3, 3, 16, 16)]
     assert img_to_tensor(Image.new("RGB", (5, 4))).shape == (3, 4, 5)
 

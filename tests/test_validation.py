@@ -35,7 +35,7 @@ SCHEMA_GROUPS = ("method", "model", "dataset", "engine", "eval", "logger")
         (["engine.compile=yes"], "engine.compile='yes' must be true or false"),
         (["engine.warmup=-1"], "engine.warmup=-1 must be an integer >= 0"),
         (["eval.batch_size=0"], "eval.batch_size=0 must be an integer >= 1"),
-        (["eval.fid.resize=abc"], "eval.fid.resize='abc' must be an integer >= 1"),
+        (["eval.fid.transforms=[lanczos:abc]"], r"eval.fid.transforms=\['lanczos:abc'\]: image step 'lanczos:abc' needs a size"),
         (["model=janus_pro_tiny", "model.grid=[8,8]"], r"model.grid=\[8, 8\] must be an integer >= 1"),
         (["model=lumina_mgpt_tiny", "model.grid=3"], "model.grid=3 must be a list of 2 integers >= 1"),
         (["model.dtype=fp8"], "model.dtype='fp8' must be one of"),

@@ -1,11 +1,12 @@
-"""CLIP score with open-clip-torch: ``100 * max(cos(image, text), 0)`` per image (docs/EVALUATION.md)."""
+"""CLIP score with open-clip-torch: ``scale * cos(image, prefix + caption)``, clamped at 0 per image, on the
+mean, or not at all (docs/EVALUATION.md, "CLIP score"; the protocols' settings are in conf/eval/)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import open_clip
@@ -13,7 +14,7 @@ import torch
 from tqdm import tqdm
 
 from csd.adapters.base import MissingWeightsError
-from csd.evaluation.images import load_rgb
+from csd.evaluation.images import RAW, Preprocess, load_rgb
 
 
 @dataclass
@@ -49,18 +50,44 @@ def load_open_clip(
     return ClipModel(net, preprocess, open_clip.get_tokenizer(model), f"{model}/{pretrained}")
 
 
+#: where the score is clamped at 0: each image (csd-bench's default), the mean (torchmetrics ``CLIPScore``,
+#: as SJD reports it) or nowhere (LANTERN's raw cosine)
+CLAMPS = ("image", "mean", "none")
+Clamp = Literal["image", "mean", "none"]
+
+
 @torch.no_grad()
 def clip_scores(
-    clip: ClipModel, image_paths: Sequence[Path], texts: Sequence[str], batch_size: int, device: torch.device
+    clip: ClipModel,
+    image_paths: Sequence[Path],
+    texts: Sequence[str],
+    batch_size: int,
+    device: torch.device,
+    preprocess: Preprocess = RAW,
+    prefix: str = "",
+    scale: float = 100.0,
+    clamp: Clamp = "image",
 ) -> np.ndarray:
-    """Per-image CLIP score of each image against its caption (same order)."""
+    """Per-image ``scale * cos(image, prefix + caption)`` (same order), ``max(., 0)`` when ``clamp="image"``.
+
+    ``preprocess`` runs on each image before the CLIP model's own preprocessing; :func:`clip_score_value`
+    turns the per-image scores into the metric.
+    """
     if len(image_paths) != len(texts):
         raise ValueError("one caption per image is required")
     scores = []
     for start in tqdm(range(0, len(texts), batch_size), desc="CLIP score", unit="batch", leave=False):
         paths, caps = image_paths[start : start + batch_size], texts[start : start + batch_size]
-        pixels = torch.stack([clip.preprocess(load_rgb(p)) for p in paths]).to(device)
+        pixels = torch.stack([clip.preprocess(preprocess(load_rgb(p))) for p in paths]).to(device)
         img = torch.nn.functional.normalize(clip.model.encode_image(pixels).float(), dim=-1)
-        txt = torch.nn.functional.normalize(clip.model.encode_text(clip.tokenizer(list(caps)).to(device)).float(), dim=-1)
-        scores.append((100.0 * (img * txt).sum(-1)).clamp(min=0).cpu())
+        tokens = clip.tokenizer([prefix + c for c in caps]).to(device)
+        txt = torch.nn.functional.normalize(clip.model.encode_text(tokens).float(), dim=-1)
+        score = scale * (img * txt).sum(-1)
+        scores.append((score.clamp(min=0) if clamp == "image" else score).cpu())
     return torch.cat(scores).numpy() if scores else np.zeros(0)
+
+
+def clip_score_value(scores: np.ndarray, clamp: Clamp = "image") -> float:
+    """The metric: the mean of the per-image scores, ``max(mean, 0)`` when ``clamp="mean"``."""
+    mean = float(np.mean(scores))
+    return max(mean, 0.0) if clamp == "mean" else mean

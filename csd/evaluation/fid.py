@@ -26,7 +26,11 @@ _REAL_STATES = ("real_features_sum", "real_features_cov_sum", "real_features_num
 
 
 def inception_fid(feature: int = 2048, weights_path: str | None = None) -> FrechetInceptionDistance:
-    """torchmetrics FID on torch-fidelity's Inception-v3; weights from ``weights_path`` or the torch hub cache."""
+    """torchmetrics FID on torch-fidelity's Inception-v3; weights from ``weights_path`` or the torch hub cache.
+
+    The network resizes its uint8 input to 299 x 299 itself (torchmetrics 1.9: ``interpolate(mode="bilinear",
+    align_corners=False, antialias=True)``, an identity on 299 x 299 input) and scales by ``(x - 128) / 128``.
+    """
     if weights_path is not None and not Path(weights_path).expanduser().exists():
         raise MissingWeightsError(f"Inception weights not found at '{weights_path}' (eval.fid.inception_weights).")
     try:

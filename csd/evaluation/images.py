@@ -1,9 +1,13 @@
-"""Reading images for metrics: configurable preprocessing and size-homogeneous uint8 batches."""
+"""Reading images for metrics: named preprocessing steps and size-homogeneous uint8 batches.
+
+The steps reproduce the image handling of published evaluation code (docs/EVALUATION.md,
+"Image transforms"); each maps an RGB PIL image to an RGB PIL image, so FID and CLIP score share them.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -13,31 +17,105 @@ from PIL import Image
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
 
 
+def _center_square(image: Image.Image, side: int) -> Image.Image:
+    """Centre ``side`` x ``side`` crop with torchvision's offsets ``round((size - side) / 2)`` (half to even)."""
+    w, h = image.size
+    if side > min(w, h):
+        raise ValueError(f"cannot centre-crop {side} px from a {w}x{h} image")
+    left, top = int(round((w - side) / 2.0)), int(round((h - side) / 2.0))
+    return image.crop((left, top, left + side, top + side))
+
+
+def crop_long_edge(image: Image.Image) -> Image.Image:
+    """Square centre crop of side min(w, h): BigGAN's ``CenterCropLongEdge``, as LANTERN / GigaGAN apply it."""
+    return _center_square(image, min(image.size))
+
+
+def center_crop(image: Image.Image, size: int) -> Image.Image:
+    return _center_square(image, size)
+
+
+def resize_shorter(image: Image.Image, size: int) -> Image.Image:
+    """Shorter side to ``size`` px, aspect kept (sides rounded), PIL bicubic."""
+    w, h = image.size
+    scale = size / min(w, h)
+    return image.resize((max(1, round(w * scale)), max(1, round(h * scale))), Image.BICUBIC)
+
+
+def lanczos(image: Image.Image, size: int) -> Image.Image:
+    """``size`` x ``size``, PIL Lanczos on the 8-bit image (LANTERN's ``image.resize((s, s), Image.LANCZOS)``)."""
+    return image.resize((size, size), Image.LANCZOS)
+
+
+def bilinear(image: Image.Image, size: int) -> Image.Image:
+    """``size`` x ``size`` (aspect not kept): ``torch.nn.functional.interpolate(mode="bilinear",
+    align_corners=False)``, no antialiasing, in float, rounded to 8 bits (pytorch-fid's resize inside its
+    Inception, and SJD's resize before CLIP)."""
+    x = torch.from_numpy(np.asarray(image, dtype=np.float32).copy()).permute(2, 0, 1)[None]
+    y = torch.nn.functional.interpolate(x, size=(size, size), mode="bilinear", align_corners=False, antialias=False)
+    return Image.fromarray(y[0].round().clamp(0, 255).to(torch.uint8).permute(1, 2, 0).numpy())
+
+
+def clean_bicubic(image: Image.Image, size: int) -> Image.Image:
+    """``size`` x ``size``, clean-fid's "clean" resize: PIL bicubic on each channel as a float image,
+    clipped to [0, 255]; rounded to 8 bits here (clean-fid keeps the floats)."""
+    pixels = np.asarray(image, dtype=np.float32)  # a float32 channel becomes a mode "F" PIL image
+    channels = [np.asarray(Image.fromarray(pixels[:, :, c].copy()).resize((size, size), Image.BICUBIC))
+                for c in range(3)]
+    return Image.fromarray(np.rint(np.stack(channels, axis=2).clip(0, 255)).astype(np.uint8))
+
+
+#: step name -> (function, whether the step takes a size: ``name:<px>``)
+STEPS: dict[str, tuple[Callable[..., Image.Image], bool]] = {
+    "crop_long_edge": (crop_long_edge, False),
+    "center_crop": (center_crop, True),
+    "resize_shorter": (resize_shorter, True),
+    "lanczos": (lanczos, True),
+    "bilinear": (bilinear, True),
+    "clean_bicubic": (clean_bicubic, True),
+}
+
+
+def step_error(step: str) -> str | None:
+    """What is wrong with a step string (``name`` or ``name:<px>``), or None."""
+    name, _, size = step.partition(":")
+    if name not in STEPS:
+        return f"unknown image step {step!r}; choose from {sorted(STEPS)}"
+    if STEPS[name][1] and not (size.isdigit() and int(size) >= 1):
+        return f"image step {step!r} needs a size: {name}:<px>, px >= 1"
+    if not STEPS[name][1] and size:
+        return f"image step {step!r} takes no size: write {name}"
+    return None
+
+
 @dataclass(frozen=True)
 class Preprocess:
-    """Resize the shorter side to ``resize`` px, then centre-crop ``center_crop`` px (each optional).
+    """Named image steps (:data:`STEPS`), applied in order; no steps = the raw image.
 
-    Applied identically to generated and reference images before feature extraction. Both null
-    means raw images (SJD's protocol); LANTERN's is ``resize: 256, center_crop: 256``.
+    Applied identically to generated and reference images before FID features, and to generated
+    images before the CLIP model's own preprocessing.
     """
 
-    resize: int | None = None
-    center_crop: int | None = None
+    steps: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "steps", tuple(self.steps))
+        problems = [p for s in self.steps if (p := step_error(s))]
+        if problems:
+            raise ValueError(problems[0])
 
     def __call__(self, image: Image.Image) -> Image.Image:
-        if self.resize is not None:
-            w, h = image.size
-            scale = self.resize / min(w, h)
-            image = image.resize((max(1, round(w * scale)), max(1, round(h * scale))), Image.BICUBIC)
-        if self.center_crop is not None:
-            w, h = image.size
-            s = self.center_crop
-            left, top = (w - s) // 2, (h - s) // 2
-            image = image.crop((left, top, left + s, top + s))
+        for step in self.steps:
+            name, _, size = step.partition(":")
+            fn, sized = STEPS[name]
+            image = fn(image, int(size)) if sized else fn(image)
         return image
 
-    def describe(self) -> dict[str, int | None]:
-        return asdict(self)
+    def describe(self) -> list[str]:
+        return list(self.steps)
+
+
+RAW = Preprocess()
 
 
 def load_rgb(path: str | Path) -> Image.Image:

@@ -6,9 +6,11 @@ CLIP, toy-CLIP-feature FID against rendered scenes, and the scene checker.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from omegaconf import OmegaConf
@@ -16,20 +18,31 @@ from omegaconf import OmegaConf
 from csd.data.files import DOWNLOAD_HINT, MissingDataError
 from csd.evaluation import content, speed, toy
 from csd.evaluation.clip_features import ClipImageFeatures
-from csd.evaluation.clip_score import ClipModel, clip_scores, load_open_clip
+from csd.evaluation.clip_score import ClipModel, clip_score_value, clip_scores, load_open_clip
 from csd.evaluation.context import EvalContext, MetricOutput, NotApplicable
 from csd.evaluation.fid import generated_fid, inception_fid, load_reference, module_fid
+from csd.evaluation.fid_interval import FeatureRecorder, fid_interval
 from csd.evaluation.geneval_score import geneval_metric
 from csd.evaluation.images import Preprocess, file_batches, list_images
 
+log = logging.getLogger(__name__)
+#: the dataset loader whose runs have a ``dataset.caption_rule``
+COCO_LOADER = "csd.data.coco.coco2017_prompts"
+
 
 def speed_metric(ctx: EvalContext) -> MetricOutput:
+    """Speed metrics; per image: batch-1 latency (a batched image's from run.json's latency probe, else null),
+    NFE, step compression, acceptance and the draft counters the run's rates sum (csd.evaluation.intervals)."""
     recs = ctx.records
+    probed = {(p["prompt_id"], p["sample"]): p["latency_s"] for p in ctx.info.get("latency_probe") or []}
     per_image = {
-        "latency_s": [r["latency_s"] for r in recs],
+        "latency_s": [r["latency_s"] if r["latency_s"] is not None else probed.get((r["prompt_id"], r["sample"]))
+                      for r in recs],
         "nfe": [r["nfe"] for r in recs],
         "step_compression": [r["step_compression"] for r in recs],
-        "acceptance": [r["drafts_accepted"] / r["drafts_proposed"] if r["drafts_proposed"] else math.nan for r in recs],
+        "acceptance": [r["drafts_accepted"] / r["drafts_proposed"] if r["drafts_proposed"] else None for r in recs],
+        "drafts_proposed": [r["drafts_proposed"] for r in recs],
+        "drafts_accepted": [r["drafts_accepted"] for r in recs],
         "relaxed_accepts": [r["relaxed_accepts"] for r in recs],
     }
     return MetricOutput(speed.speed_metrics(recs, ctx.info), per_image)
@@ -42,10 +55,29 @@ def _clip_model(ctx: EvalContext) -> ClipModel:
     return load_open_clip(c.model, c.pretrained, ctx.device, c.get("model_config"))
 
 
+def _protocol(ctx: EvalContext) -> dict[str, Any]:
+    """``eval.protocol`` and, for COCO runs, the run's ``dataset.caption_rule`` beside the protocol's own
+    (``eval.caption_rule``; a difference is logged): recorded with FID and CLIP score."""
+    out: dict[str, Any] = {"name": ctx.eval.protocol}
+    if OmegaConf.select(ctx.run_config, "dataset._target_") == COCO_LOADER:
+        rule = OmegaConf.select(ctx.run_config, "dataset.caption_rule", default="longest")  # runs before the key
+        out |= {"caption_rule": rule, "protocol_caption_rule": ctx.eval.caption_rule}
+        if ctx.eval.caption_rule not in (None, rule):
+            log.warning("eval.protocol=%s was published on dataset.caption_rule=%s prompts; this run used %s",
+                        ctx.eval.protocol, ctx.eval.caption_rule, rule)
+    return out
+
+
 def clip_score_metric(ctx: EvalContext) -> MetricOutput:
+    """Mean CLIP score under ``eval.clip`` (image steps, caption prefix, scale, clamp; docs/EVALUATION.md)."""
+    c = ctx.eval.clip
     clip = _clip_model(ctx)
-    scores = clip_scores(clip, ctx.image_paths, [r["prompt"] for r in ctx.records], ctx.eval.batch_size, ctx.device)
-    return MetricOutput({"clip_score": float(scores.mean())}, {"clip_score": scores.tolist()}, {"clip": clip.name})
+    pre = Preprocess(c.transforms)
+    captions = [r["prompt"] for r in ctx.records]
+    scores = clip_scores(clip, ctx.image_paths, captions, ctx.eval.batch_size, ctx.device, pre, c.prefix, c.scale, c.clamp)
+    protocol = {**_protocol(ctx), "clip": {"model": clip.name, "transforms": pre.describe(), "prefix": c.prefix,
+                                           "scale": c.scale, "clamp": c.clamp}}
+    return MetricOutput({"clip_score": clip_score_value(scores, c.clamp)}, {"clip_score": scores.tolist()}, protocol)
 
 
 def _reference_dir(ctx: EvalContext) -> Path:
@@ -73,7 +105,7 @@ def fid_metric(ctx: EvalContext) -> MetricOutput:
     f = ctx.eval.fid
     if len(ctx.records) < 2:
         raise NotApplicable("FID needs at least 2 generated images")
-    pre = Preprocess(f.resize, f.center_crop)
+    pre = Preprocess(f.transforms)
     if ctx.is_toy:
         metric = module_fid(ClipImageFeatures(toy.load_toy_clip_model(ctx.device)))
         key, ref_batches = toy.rendered_reference(ctx.records, ctx.eval.toy.render, ctx.eval.batch_size)
@@ -88,12 +120,15 @@ def fid_metric(ctx: EvalContext) -> MetricOutput:
         metric = inception_fid(f.feature, f.inception_weights)
         features = f"inception-v3-torch-fidelity/{f.feature}"
     metric = metric.to(ctx.device)
-    key = {**key, "preprocess": pre.describe(), "features": features}
+    key = {**key, "transforms": pre.describe(), "features": features}
     cached = load_reference(metric, key, ref_batches, f.cache_dir, ctx.device)
-    value = generated_fid(metric, file_batches(ctx.image_paths, pre, ctx.eval.batch_size), ctx.device)
+    with FeatureRecorder(metric.inception) as generated:  # keeps the generated features for the interval
+        value = generated_fid(metric, file_batches(ctx.image_paths, pre, ctx.eval.batch_size), ctx.device)
+    interval = fid_interval(metric, generated.features, [r["prompt_id"] for r in ctx.records], ctx.eval.bootstrap)
     n_ref = int(metric.real_features_num_samples)
-    protocol = {"fid": {"features": features, "preprocess": pre.describe(), "n_reference": n_ref, "reference_cached": cached}}
-    return MetricOutput({"fid": value}, protocol=protocol)
+    protocol = {**_protocol(ctx), "fid": {"features": features, "transforms": pre.describe(), "paired": f.paired,
+                                          "n_reference": n_ref, "reference_cached": cached}}
+    return MetricOutput({"fid": value}, protocol=protocol, intervals={"fid": interval} if interval else {})
 
 
 def content_metric(ctx: EvalContext) -> MetricOutput:
@@ -113,7 +148,7 @@ def scene_metric(ctx: EvalContext) -> MetricOutput:
     checks = toy.scene_checks(ctx.records, ctx.run_dir, ctx.eval.toy.scene_key)
     t = ctx.eval.toy
     accuracy = toy.scene_accuracy(checks, list(t.categories), dict(t.only_if))
-    return MetricOutput(accuracy, {"scene_overall": [bool(c.get("overall")) for c in checks]})
+    return MetricOutput(accuracy, toy.scene_correct(checks, list(t.categories), dict(t.only_if)))
 
 
 def regions_metric(ctx: EvalContext) -> MetricOutput:
