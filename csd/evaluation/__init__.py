@@ -9,8 +9,10 @@ from __future__ import annotations
 from typing import Any
 
 METRICS_FILE = "metrics.json"
+#: one JSON line per record: its (prompt_id, sample) and per-image metric values, for paired comparisons
+PER_IMAGE_FILE = "per_image.jsonl"
 
-__all__ = ["METRICS_FILE", "evaluate_run"]
+__all__ = ["METRICS_FILE", "PER_IMAGE_FILE", "evaluate_run"]
 
 
 def __getattr__(name: str) -> Any:

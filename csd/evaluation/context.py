@@ -23,13 +23,15 @@ class MetricOutput:
     """One metric's contribution to ``metrics.json``.
 
     ``metrics``: scalars (one sweep-table column each); ``per_image``: columns aligned with the
-    records; ``protocol``: settings to record next to the numbers; ``content``: arrays for plots.
+    records; ``protocol``: settings to record next to the numbers; ``content``: arrays for plots;
+    ``intervals``: ``[lo, hi]`` of metrics that per-image columns do not determine (FID).
     """
 
     metrics: dict[str, float] = field(default_factory=dict)
     per_image: dict[str, list] = field(default_factory=dict)
     protocol: dict[str, Any] = field(default_factory=dict)
     content: dict[str, Any] = field(default_factory=dict)
+    intervals: dict[str, list[float]] = field(default_factory=dict)
 
 
 def merge_shard_info(info: dict[str, Any], run_dir: Path) -> dict[str, Any]:

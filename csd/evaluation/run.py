@@ -13,8 +13,10 @@ from omegaconf import DictConfig, OmegaConf
 from csd.adapters.base import MissingWeightsError
 from csd.config import ConfigError
 from csd.data.files import MissingDataError
-from csd.evaluation import METRICS_FILE
+from csd.evaluation import METRICS_FILE, PER_IMAGE_FILE
 from csd.evaluation.context import EvalContext, NotApplicable
+from csd.evaluation.fid_interval import GROUPS
+from csd.evaluation.intervals import LEVEL, SEED, run_intervals
 from csd.evaluation.metrics import METRICS
 from csd.rundir import SHARDS_FILE, shard_progress
 
@@ -25,12 +27,15 @@ RUN_FIELDS = ("method", "method_params", "model", "dataset", "seed", "n_images")
 
 
 def evaluate_run(run_dir: Path, cfg: DictConfig) -> dict[str, Any]:
-    """Compute the configured metrics of one run, write ``<run_dir>/metrics.json`` and return its content.
+    """Compute the configured metrics of one run, write ``<run_dir>/metrics.json`` and ``per_image.jsonl``
+    and return the former's content.
 
     Metrics come from ``cfg.eval.metrics`` (``cfg.eval.toy.metrics`` for toy models). A metric that
     cannot run (missing weights or data, not applicable) is recorded under ``skipped`` with the
     reason, or raises when ``cfg.eval.strict`` is set. Metrics are over the union of a sharded run's shards;
-    see :func:`missing_images` for incomplete shards.
+    see :func:`missing_images` for incomplete shards. ``intervals`` holds each metric's 95 % interval: a bootstrap
+    over ``cfg.eval.bootstrap`` prompt resamples, for FID a jackknife over prompts (``eval.bootstrap=0``: none;
+    docs/EVALUATION.md#confidence-intervals).
     """
     ctx = EvalContext.load(run_dir, cfg.eval, OmegaConf.select(cfg, "device", default="auto"))
     missing = missing_images(ctx)
@@ -38,7 +43,7 @@ def evaluate_run(run_dir: Path, cfg: DictConfig) -> dict[str, Any]:
     result: dict[str, Any] = {
         "run": {k: ctx.info.get(k) for k in RUN_FIELDS} | {"n_records": len(ctx.records)}
         | ({"allow_partial": True, "missing": missing} if missing else {}),
-        "metrics": {}, "skipped": {}, "protocol": {}, "content": {},
+        "metrics": {}, "intervals": {}, "skipped": {}, "protocol": {}, "content": {},
     }
     per_image: dict[str, list] = {}
     for name in names:
@@ -55,7 +60,19 @@ def evaluate_run(run_dir: Path, cfg: DictConfig) -> dict[str, Any]:
         result["metrics"].update(out.metrics)
         result["protocol"].update(out.protocol)
         result["content"].update(out.content)
+        result["intervals"].update(out.intervals)
         per_image.update(out.per_image)
+    n_boot = ctx.eval.bootstrap
+    prompt_ids = [r["prompt_id"] for r in ctx.records]
+    finite = [k for k, v in result["metrics"].items() if isinstance(v, (int, float)) and math.isfinite(v)]
+    result["intervals"] = run_intervals(prompt_ids, per_image, finite, n_boot) | result["intervals"]
+    if n_boot:
+        result["protocol"]["bootstrap"] = {
+            "resamples": n_boot, "level": LEVEL, "seed": SEED, "method": "percentile",
+            "unit": "prompt (all samples of a drawn prompt together)",
+            "fid": f"delete-a-group jackknife over prompts ({GROUPS} groups), reference statistics fixed",
+        }
+    write_per_image(ctx, per_image)
     (ctx.run_dir / METRICS_FILE).write_text(json.dumps(result, indent=1), encoding="utf-8")
     log.info(summary_line(result))
     logger_cfg = OmegaConf.select(cfg, "logger")
@@ -64,6 +81,23 @@ def evaluate_run(run_dir: Path, cfg: DictConfig) -> dict[str, Any]:
 
         log_evaluated_run(ctx, result, per_image, cfg)
     return result
+
+
+def write_per_image(ctx: EvalContext, per_image: dict[str, list]) -> Path:
+    """``per_image.jsonl``: per record (records order), its ``prompt_id``, ``sample`` and every per-image column
+    of the metrics that ran (NaN written as null), for the report's paired comparisons."""
+    path = ctx.run_dir / PER_IMAGE_FILE
+    lines = []
+    for i, rec in enumerate(ctx.records):
+        row = {"prompt_id": rec["prompt_id"], "sample": rec["sample"]}
+        for name, values in per_image.items():
+            v = values[i]
+            row[name] = None if isinstance(v, float) and math.isnan(v) else v
+        lines.append(json.dumps(row))
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    tmp.replace(path)
+    return path
 
 
 def missing_images(ctx: EvalContext) -> dict[str, int]:

@@ -55,20 +55,29 @@ def scene_checks(records: Sequence[dict[str, Any]], run_dir: Path, scene_key: st
     ]
 
 
-def scene_accuracy(
+def scene_correct(
     checks: Sequence[dict[str, Any]], categories: Sequence[str], only_if: dict[str, str]
-) -> dict[str, float]:
-    """GenEval-style accuracy per category (``scene_acc_<category>``).
-
-    ``only_if`` restricts a category to the images whose check has that flag set (``position`` is
-    vacuously true for prompts without a relation, so it is averaged over ``relation_asked`` ones).
-    """
+) -> dict[str, list[bool | None]]:
+    """Per image and category (``scene_<category>``): whether the check passed; None where the category does
+    not count for the image. ``only_if`` restricts a category to the images whose check has that flag set
+    (``position`` is vacuously true for prompts without a relation, so it counts for ``relation_asked`` ones)."""
     out = {}
     for cat in categories:
         flag = only_if.get(cat)
-        vals = [bool(c[cat]) for c in checks if cat in c and (flag is None or c.get(flag, True))]
+        out[f"scene_{cat}"] = [bool(c[cat]) if cat in c and (flag is None or c.get(flag, True)) else None for c in checks]
+    return out
+
+
+def scene_accuracy(
+    checks: Sequence[dict[str, Any]], categories: Sequence[str], only_if: dict[str, str]
+) -> dict[str, float]:
+    """GenEval-style accuracy per category (``scene_acc_<category>``): the mean of :func:`scene_correct` over
+    the images the category counts for."""
+    out = {}
+    for column, values in scene_correct(checks, categories, only_if).items():
+        vals = [v for v in values if v is not None]
         if vals:
-            out[f"scene_acc_{cat}"] = float(np.mean(vals))
+            out[f"scene_acc_{column.removeprefix('scene_')}"] = float(np.mean(vals))
     return out
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from csd.report import content_plots
-from csd.report.collect import find_run_dirs, load_run, results_frame
+from csd.report.collect import DEFAULT_RESAMPLES, find_run_dirs, load_run, results_frame
 from csd.report.pareto import plot_pareto
 from csd.report.table import write_tables
 
@@ -31,8 +31,9 @@ def report_dir(source: Path | Sequence[Path], cfg: DictConfig) -> Path:
 def build_report(run_dirs_or_sweep_dir: Path | list[Path], cfg: DictConfig) -> Path:
     """Write ``runs.csv``, per-model tables (CSV + Markdown), Pareto and content plots and ``report.md``.
 
-    Reads only each run's ``metrics.json`` (runs not evaluated are skipped with a warning), plus the
-    runs listed in ``eval.report.extra_runs`` (e.g. an AR baseline). Returns the report directory.
+    Reads only each run's ``metrics.json`` and ``per_image.jsonl`` (runs not evaluated are skipped with a warning),
+    plus the runs listed in ``eval.report.extra_runs`` (e.g. an AR baseline); paired comparisons with the AR run
+    use ``eval.bootstrap`` prompt resamples. Returns the report directory.
     """
     extra = [Path(p) for p in OmegaConf.select(cfg, "eval.report.extra_runs", default=None) or []]
     results = [r for r in map(load_run, find_run_dirs(run_dirs_or_sweep_dir) + extra) if r is not None]
@@ -40,7 +41,7 @@ def build_report(run_dirs_or_sweep_dir: Path | list[Path], cfg: DictConfig) -> P
         raise FileNotFoundError(f"no evaluated runs (metrics.json) under {run_dirs_or_sweep_dir}")
     out = report_dir(run_dirs_or_sweep_dir, cfg)
     out.mkdir(parents=True, exist_ok=True)
-    df = results_frame(results)
+    df = results_frame(results, OmegaConf.select(cfg, "eval.bootstrap", default=DEFAULT_RESAMPLES))
     df.to_csv(out / "runs.csv", index=False)
     sections = [p.read_text(encoding="utf-8") for p in write_tables(df, out)]
     xs = list(OmegaConf.select(cfg, "eval.report.pareto_x", default=["speedup", "step_compression"]))

@@ -1,4 +1,5 @@
-"""Gather evaluated runs (run.json + metrics.json) into one table, with speed-up vs the matching AR run."""
+"""Gather evaluated runs (run.json + metrics.json) into one table, with speed-up vs the matching AR run and
+paired differences from it (docs/EVALUATION.md#confidence-intervals)."""
 
 from __future__ import annotations
 
@@ -11,13 +12,18 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from csd.evaluation import METRICS_FILE
+from csd.evaluation import METRICS_FILE, PER_IMAGE_FILE
+from csd.evaluation.intervals import Comparison, paired_difference, paired_speedup
 from csd.evaluation.speed import speedup
 
 log = logging.getLogger(__name__)
 AR_METHOD = "ar"
 #: engine-wide keys every method records; labelled only when they tell runs of one method apart
 ENGINE_KEYS = ("window", "init", "coupling", "draft_record")
+#: quality metrics compared with the AR run image by image: columns ``d_<metric>`` (method - AR), ``_lo``, ``_hi``
+PAIRED = ("clip_score", "scene_acc_overall", "geneval_overall")
+#: prompt resamples of the paired intervals when the caller gives none (``eval.bootstrap``'s default)
+DEFAULT_RESAMPLES = 1000
 
 
 def find_run_dirs(source: str | Path | Sequence[str | Path]) -> list[Path]:
@@ -54,16 +60,50 @@ def label_keys(params_of_runs: Sequence[dict[str, Any]]) -> list[str]:
 
 
 def load_run(run_dir: Path) -> dict[str, Any] | None:
-    """The full ``metrics.json`` of a run plus its directory, or None (with a warning) if not evaluated."""
+    """The full ``metrics.json`` of a run plus its directory and ``per_image`` rows (``per_image.jsonl``; empty
+    for runs evaluated before it existed), or None (with a warning) if not evaluated."""
     path = run_dir / METRICS_FILE
     if not path.exists():
         log.warning("%s has no %s (run stage=evaluate); left out of the report", run_dir, METRICS_FILE)
         return None
-    return {**json.loads(path.read_text(encoding="utf-8")), "run_dir": str(run_dir)}
+    rows_path = run_dir / PER_IMAGE_FILE
+    rows = [json.loads(line) for line in rows_path.read_text(encoding="utf-8").splitlines()] if rows_path.exists() else []
+    return {**json.loads(path.read_text(encoding="utf-8")), "run_dir": str(run_dir), "per_image": rows}
 
 
-def results_frame(results: Sequence[dict[str, Any]]) -> pd.DataFrame:
-    """One row per run: identity, label (:func:`label_keys`), ``lam``, ``delta``, metrics, speed-up."""
+def interval_columns(intervals: dict[str, Sequence[float]]) -> dict[str, float]:
+    """``{<metric>_lo: lo, <metric>_hi: hi}`` of a run's ``metrics.json`` intervals."""
+    return {f"{name}{end}": v for name, (lo, hi) in intervals.items() for end, v in (("_lo", lo), ("_hi", hi))}
+
+
+def comparison_columns(name: str, comparison: Comparison | None) -> dict[str, float]:
+    """``{name: value, name_lo: lo, name_hi: hi}`` (NaN where absent)."""
+    if comparison is None:
+        return {}
+    lo, hi = comparison.interval or (np.nan, np.nan)
+    return {name: comparison.value, f"{name}_lo": lo, f"{name}_hi": hi}
+
+
+def vs_reference(run: dict[str, Any], reference: dict[str, Any], n_boot: int) -> dict[str, float]:
+    """Paired speed-up and quality differences of ``run`` against the AR ``reference`` over their common
+    (prompt_id, sample) images, each with its paired bootstrap interval (:mod:`csd.evaluation.intervals`)."""
+    a, b = run.get("per_image") or [], reference.get("per_image") or []
+    if not a or not b:
+        return {}
+    out = comparison_columns("speedup", paired_speedup(a, b, n_boot))
+    for name in PAIRED:
+        out |= comparison_columns(f"d_{name}", paired_difference(a, b, name, n_boot))
+    return out
+
+
+def results_frame(results: Sequence[dict[str, Any]], n_boot: int = DEFAULT_RESAMPLES) -> pd.DataFrame:
+    """One row per run: identity, label (:func:`label_keys`), ``lam``, ``delta``, metrics with ``_lo`` / ``_hi``
+    interval columns, speed-up vs the AR run of the same model and dataset and, where both runs have
+    ``per_image.jsonl``, paired differences ``d_<metric>`` (:data:`PAIRED`), all with ``n_boot`` prompt resamples.
+
+    Speed-up = mean AR latency / mean run latency over the images timed in both runs (paired); without per-image
+    rows, over each run's own timed images.
+    """
     params_of = {m: [r["run"].get("method_params") or {} for r in results if r["run"]["method"] == m]
                  for m in {r["run"]["method"] for r in results}}
     keys = {m: label_keys(p) for m, p in params_of.items()}
@@ -73,7 +113,9 @@ def results_frame(results: Sequence[dict[str, Any]]) -> pd.DataFrame:
         rows.append({
             "run_dir": res["run_dir"], "model": run["model"], "dataset": run["dataset"], "method": run["method"],
             "label": method_label(run["method"], params, keys[run["method"]]), "lam": params.get("lam"),
-            "delta": params.get("delta"), "n_images": run.get("n_records"), **res["metrics"],
+            "delta": params.get("delta"), "n_images": run.get("n_records"),
+            "protocol": (res.get("protocol") or {}).get("name"), **res["metrics"],  # None without FID / CLIP
+            **interval_columns(res.get("intervals") or {}),
         })
     df = pd.DataFrame(rows)
     if df.empty:
@@ -81,14 +123,19 @@ def results_frame(results: Sequence[dict[str, Any]]) -> pd.DataFrame:
     df["speedup"] = np.nan
     for (model, dataset), group in df.groupby(["model", "dataset"]):
         ar = group[group["method"] == AR_METHOD]
-        if ar.empty or "latency_mean" not in df:
+        if ar.empty:
             log.warning("no AR run for %s/%s: speed-up left empty (add one with eval.report.extra_runs=[<ar run dir>])",
                         model, dataset)
             continue
         if len(ar) > 1:
-            log.warning("%d AR runs for %s/%s: speed-up uses %s", len(ar), model, dataset, ar["run_dir"].iloc[0])
+            log.warning("%d AR runs for %s/%s: speed-ups and differences use %s", len(ar), model, dataset, ar["run_dir"].iloc[0])
         ar_row = ar.iloc[0]
         if (group["n_images"] != ar_row["n_images"]).any():
-            log.warning("runs of %s/%s differ in image count from the AR run: speed-ups compare different prompts", model, dataset)
-        df.loc[group.index, "speedup"] = [speedup(ar_row["latency_mean"], v) for v in group["latency_mean"]]
+            log.warning("runs of %s/%s differ in image count from the AR run: paired comparisons use the images both "
+                        "have, unpaired speed-ups (no per_image.jsonl) compare different prompts", model, dataset)
+        if "latency_mean" in df:
+            df.loc[group.index, "speedup"] = [speedup(ar_row["latency_mean"], v) for v in group["latency_mean"]]
+        for i in group.index.drop(ar.index[0]):
+            for column, value in vs_reference(results[i], results[ar.index[0]], n_boot).items():
+                df.loc[i, column] = value
     return df

@@ -40,10 +40,21 @@ def run_styles(n: int) -> list[Style]:
     return [(cmap(i % 10), MARKERS[i // 10 % len(MARKERS)]) for i in range(n)]
 
 
-def pareto_axes(ax: plt.Axes, df: pd.DataFrame, x: str, y: str, styles: Sequence[Style]) -> None:
-    """Scatter ``y`` against ``x`` on ``ax``, one style per run (``styles``, in ``df``'s row order), front as a line.
+def error_bar(row: pd.Series, column: str) -> list[list[float]] | None:
+    """``[[below], [above]]`` of ``row[column]`` from its ``<column>_lo`` / ``_hi`` interval (None without one;
+    clipped at 0 where a percentile interval does not contain the point)."""
+    lo, hi = row.get(f"{column}_lo"), row.get(f"{column}_hi")
+    if lo is None or hi is None or pd.isna(lo) or pd.isna(hi):
+        return None
+    return [[max(0.0, row[column] - lo)], [max(0.0, hi - row[column])]]
 
-    Points carry no text (labels of nearby runs would overprint); the figure legend names them.
+
+def pareto_axes(ax: plt.Axes, df: pd.DataFrame, x: str, y: str, styles: Sequence[Style]) -> None:
+    """Scatter ``y`` against ``x`` on ``ax``, one style per run (``styles``, in ``df``'s row order), front as a line,
+    95 % intervals (``<column>_lo`` / ``_hi``) as error bars in the run's colour.
+
+    Points carry no text (labels of nearby runs would overprint); the figure legend names them. The front is
+    drawn through the point estimates.
     """
     ax.set_xlabel(AXIS_NAMES.get(x, x))
     ax.set_ylabel(AXIS_NAMES.get(y, y))
@@ -61,6 +72,10 @@ def pareto_axes(ax: plt.Axes, df: pd.DataFrame, x: str, y: str, styles: Sequence
     ax.plot(line[x], line[y], "-", c="0.3", lw=1, zorder=1)
     shown = [style for style, m in zip(styles, mask, strict=True) if m]
     for (_, row), on_front, (colour, marker) in zip(pts.iterrows(), front, shown, strict=True):
+        xerr, yerr = error_bar(row, x), error_bar(row, y)
+        if xerr is not None or yerr is not None:
+            ax.errorbar(row[x], row[y], xerr=xerr, yerr=yerr, fmt="none", ecolor=colour, elinewidth=0.8, alpha=0.6,
+                        zorder=1.5)
         ax.scatter(row[x], row[y], color=colour, marker=marker, s=45 if on_front else 25, zorder=2,
                    edgecolors="k" if on_front else "none")
     ax.grid(alpha=0.3)
