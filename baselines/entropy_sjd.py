@@ -3,8 +3,9 @@
 The released code scales SJD's uniform by ``s = clamp(H(q)/e + o, 0, 1)`` and accepts iff
 ``u s <= min(1, q(x)/p(x))``, i.e. with probability ``b = min(1, q(x) / (s p(x)))``: most lenient where the
 target is confident (``1/s = 20`` at ``H = 0``). ``b >= min(1, q/p)``, so the TV-optimal residual
-``norm([q - p b]_+)`` is the lossless ``norm([q - p]_+)`` (COOL-SD, Prop. 1). The paper's "+random" rule
-and its dynamic temperature are not implemented (design notes, NEW_METHODS.md section 2).
+``norm([q - p b]_+)`` is the lossless ``norm([q - p]_+)`` (COOL-SD, Prop. 1). Its dynamic temperature is a model
+option, part of the target ``q`` of every method (``model.entropy_temperature``, ``csd.processors``); the paper's
+"+random" rule is not implemented (design notes, NEW_METHODS.md section 2).
 """
 
 from __future__ import annotations

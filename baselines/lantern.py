@@ -5,6 +5,10 @@ Neighbours ``n_1(x), n_2(x), ...`` of ``x`` are sorted by L2 distance between VQ
 (``j <= k``) and ``J = max{j : s_j <= delta}``, the relaxed target is ``q~(x) = q(x) + s_J`` and
 ``b = min(1, q~(x) / p(x))``. On rejection the target mass of the ``J`` neighbours used is zeroed
 before the residual ``norm([q' - p]_+)``.
+
+``code_parity=True`` reproduces the released Lumina-mGPT code (``models/ea_model_lumina_mgpt.py`` of
+``jadohu/LANTERN``, ``evaluate_posterior``): on rejection it zeroes the first ``k + 1`` neighbours whenever at
+least one was used (``J >= 1``) and none when ``J = 0``; the acceptance is the same.
 """
 
 from __future__ import annotations
@@ -33,23 +37,27 @@ class Lantern(AcceptanceRule):
     name = "lantern"
     lossless = False
 
-    def __init__(self, k: int = 1000, delta: float = 0.1) -> None:
+    def __init__(self, k: int = 1000, delta: float = 0.1, code_parity: bool = False) -> None:
         if k < 1:
             raise ValueError(f"lantern: k must be >= 1, got {k}")
         if not 0.0 <= delta <= 1.0:
             raise ValueError(f"lantern: delta must be in [0, 1], got {delta}")
-        self.k, self.delta = int(k), float(delta)
+        self.k, self.delta, self.code_parity = int(k), float(delta), bool(code_parity)
         self.neighbours: torch.Tensor | None = None
 
     def setup(self, adapter: ModelAdapter) -> None:
-        self.neighbours = nearest_neighbours(adapter.codebook().detach().to(adapter.device), self.k)
+        # the code's residual zeroes one neighbour more than the acceptance may use
+        table = self.k + 1 if self.code_parity else self.k
+        self.neighbours = nearest_neighbours(adapter.codebook().detach().to(adapter.device), table)
 
     def _used_neighbours(self, target_probs: torch.Tensor, drafts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Neighbour ids ``[..., k]`` of each draft and a mask of the first ``J`` (those with ``s_j <= delta``)."""
+        """Neighbour ids ``[..., n]`` of each draft (``n`` = the table's width: ``k``, or ``k + 1`` with
+        ``code_parity``) and a mask of the first ``J`` (those among the first ``k`` with ``s_j <= delta``)."""
         if self.neighbours is None:
             raise RuntimeError("lantern: call setup(adapter) first (it needs the VQ codebook)")
         nbrs = self.neighbours.to(drafts.device)[drafts]
         used = target_probs.gather(-1, nbrs).cumsum(-1) <= self.delta
+        used[..., self.k :] = False  # s_j grows with j, so `used` is a prefix: the first J of the first k
         return nbrs, used
 
     def accept_prob(self, target_probs, draft_probs, drafts, target_entropy) -> Verdict:
@@ -61,8 +69,13 @@ class Lantern(AcceptanceRule):
 
     def residual(self, target_probs, draft_probs, drafts) -> torch.Tensor:
         nbrs, used = self._used_neighbours(target_probs, drafts)
+        if self.code_parity:  # the whole table (k + 1 neighbours) where J >= 1, i.e. where the nearest one was used
+            used = used[..., :1].expand_as(used)
         zeroed = target_probs.scatter(-1, nbrs, target_probs.gather(-1, nbrs) * (~used))
         return lossless_residual(zeroed, draft_probs)
 
     def params(self) -> dict[str, object]:
-        return {"k": self.k, "delta": self.delta}
+        params: dict[str, object] = {"k": self.k, "delta": self.delta}
+        if self.code_parity:  # recorded only when set: records made before the option stay comparable
+            params["code_parity"] = True
+        return params

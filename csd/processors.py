@@ -1,9 +1,9 @@
 """Logits -> target distribution ``q``: the one processing pipeline shared by AR and every method.
 
-docs/ALGORITHMS.md, "Notation": ``q`` is the model's logits after CFG, the image-token mask, top-k and
-temperature, then softmax. Every acceptance rule sees this processed distribution, and AR samples
-from exactly the same ``q``. Each processor is a small function of a tensor, in the spirit of
-transformers' ``LogitsProcessor`` list.
+docs/ALGORITHMS.md, "Notation": ``q`` is the model's logits after the image-token mask, CFG, the optional
+dynamic (entropy) temperature, top-k and temperature, then softmax. Every acceptance rule sees this
+processed distribution, and AR samples from exactly the same ``q``. Each processor is a small function
+of a tensor, in the spirit of transformers' ``LogitsProcessor`` list.
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from csd.adapters.base import SamplingConfig
+from csd.acceptance import entropy
+from csd.adapters.base import EntropyTemperature, SamplingConfig
 
 Processor = Callable[[torch.Tensor], torch.Tensor]
 
@@ -44,6 +45,22 @@ def classifier_free_guidance(scale: float) -> Processor:
 def single_row(logits: torch.Tensor) -> torch.Tensor:
     """No CFG: the only row of ``[..., 1, K, V]``."""
     return logits[..., 0, :, :]
+
+
+def entropy_temperature(params: EntropyTemperature) -> Processor:
+    """ARsample's dynamic temperature (design notes NEW_METHODS.md section 2.3, released Lumina-mGPT code):
+    per row, ``H`` = entropy in nats of the softmax of the logits it receives (image columns after CFG, before
+    top-k, as in the code), ``T = clamp(t0 exp(-H / alpha) + theta, lo, hi)``, then ``logits / T``.
+
+    Dividing by ``T > 0`` keeps the order of the logits, so the top-k that follows keeps the same tokens.
+    """
+
+    def apply(logits: torch.Tensor) -> torch.Tensor:
+        h = entropy(torch.softmax(logits, dim=-1))
+        t = (params.t0 * torch.exp(-h / params.alpha) + params.theta).clamp(params.lo, params.hi)
+        return logits / t.unsqueeze(-1)
+
+    return apply
 
 
 def top_k(k: int) -> Processor:
@@ -78,6 +95,8 @@ class TargetPipeline:
             procs.append(classifier_free_guidance(sampling.guidance_scale))
         else:
             procs.append(single_row)
+        if sampling.entropy_temperature is not None:
+            procs.append(entropy_temperature(sampling.entropy_temperature))
         if sampling.top_k > 0:
             procs.append(top_k(sampling.top_k))
         if sampling.temperature != 1.0:

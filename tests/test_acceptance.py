@@ -50,7 +50,9 @@ RULES = {
     "csd": lambda: CSD(lam=0.3, delta=0.9),
     "csd_log_support": lambda: CSD(lam=0.5, delta=1.0, entropy_norm="log_support"),
     "gsd": lambda: GSD(group_size=4, prob_threshold=0.3, embed_threshold=1.0),
+    "gsd_code_parity": lambda: GSD(group_size=4, prob_threshold=0.3, embed_threshold=1.0, code_parity=True),
     "lantern": lambda: Lantern(k=3, delta=0.3),
+    "lantern_code_parity": lambda: Lantern(k=3, delta=0.3, code_parity=True),
     "entropy_sjd": lambda: EntropySJD(),
     "entropy_sjd_steep": lambda: EntropySJD(entropy_scale=4.0, entropy_offset=0.0),
     "cool_sd": lambda: CoolSD(anneal_scale=2.0),
@@ -119,7 +121,9 @@ def test_committed_token_follows_analytic_law(name, one_hot):
         assert torch.allclose(expected, q, atol=1e-6)
 
 
-@pytest.mark.parametrize("name", ["addition", "amplify", "csd", "gsd", "lantern", "entropy_sjd", "cool_sd"])
+@pytest.mark.parametrize(
+    "name", ["addition", "amplify", "csd", "gsd", "gsd_code_parity", "lantern", "lantern_code_parity", "entropy_sjd", "cool_sd"]
+)
 def test_relaxed_rules_change_the_distribution(name):
     rule = RULES[name]()
     rule.setup(CodebookStub())
