@@ -13,7 +13,8 @@ lengths (only CPU / GPU matrix products may round a row differently for another 
 :meth:`RaggedCache.update` and attend over what it returns; a 4D ``attention_mask`` bypasses the
 library's mask construction. Nothing of the model code is copied. :class:`RaggedDispatch` implements
 the adapter's batched API (``start_batch``, ``prefill_slot``, ``forward_batch``, ``rollback_batch``,
-see ``csd.adapters.base``) on it for the toy and Janus adapters.
+see ``csd.adapters.base``) on it for the toy, Janus, Lumina-mGPT and Emu3 adapters (the last two eager only,
+their CFG rows at their own prompt lengths).
 
 Compiled (``engine.compile=true``, the adapter's ``csd.fast.StaticDecoder``): the cache has a fixed
 capacity and its buffers static addresses, kept on the adapter across batches; the decode step is the
@@ -33,6 +34,7 @@ from transformers import PretrainedConfig
 
 from csd.adapters.base import BodyLayout, to_device
 from csd.fast import StaticDecoder, default_cache_len
+from csd.tree import TreeMask
 
 #: a forward attends over the first ``2^k >= 128`` cache entries that hold every row's keys, not the whole
 #: capacity: attention cost follows the batch's progress. Masked keys weigh exactly 0, and on the CPU
@@ -88,16 +90,24 @@ class RaggedCache:
         self.keys, self.values = new[:self.num_layers], new[self.num_layers:]
         self.capacity = capacity
 
-    def reset(self, rows: slice) -> None:
-        """Empty ``rows`` (a new prompt starts at cache index 0)."""
-        self.lengths[rows] = 0
-        for r in range(*rows.indices(self.rows)):
-            self.filled[r] = 0
+    def reset(self, rows: slice, no_prompt: Sequence[bool] | None = None) -> None:
+        """Empty ``rows`` (a new prompt starts at cache index 0). A row flagged in ``no_prompt`` starts at length
+        -1: its next entry, a placeholder anchor, gets position -1 (it sees no key) and index -1, the last
+        entry, which a query attends only after the row's own token there has rewritten it; the row's first
+        real token then gets index and position 0."""
+        indices = range(*rows.indices(self.rows))
+        starts = [0] * len(indices) if no_prompt is None else [-int(empty) for empty in no_prompt]
+        self.lengths[rows] = to_device(starts, self.device)
+        for r, start in zip(indices, starts, strict=True):
+            self.filled[r] = start
 
-    def extend(self, rows: slice, q: int, advance: Sequence[bool] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def extend(self, rows: slice, q: int, advance: Sequence[bool] | None = None,
+               tree: TreeMask | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Reserve ``q`` entries on each of ``rows`` for the next forward; returns its ``position_ids [A, q]`` and
         additive ``attention_mask [A, 1, q, bound]`` (0 where key ``k <= lengths[r] + j``, dtype min elsewhere;
         ``bound``: :func:`key_bound` of the advancing rows' new lengths, the whole capacity when ``fixed``).
+        ``tree`` (a tree window, ``csd.tree``): entry ``j`` still goes to index ``lengths[r] + j``, but its position
+        id is ``lengths[r] + depth[j]`` and it sees the prefix, its ancestors and itself only.
 
         Rows not flagged in ``advance`` (default: all flagged) keep their length: their entries are written
         past it (clamped to the last one, so a full row may lose its last entry) and never attended to.
@@ -114,9 +124,13 @@ class RaggedCache:
         needed = max((self.filled[r] + q for r, grows in zip(indices, advance, strict=True) if grows), default=q)
         self._bound = self.capacity if self.fixed else key_bound(needed, self.capacity)
         visible = torch.arange(self._bound, device=self.device) <= positions[:, :, None]
+        write = positions
+        if tree is not None:
+            visible = tree.visible(self.lengths[rows], self._bound)
+            positions = self.lengths[rows, None] + tree.depth
         mask = torch.zeros(visible.shape, dtype=self.dtype, device=self.device)
         mask.masked_fill_(~visible, torch.finfo(self.dtype).min)
-        self._active, self._write = rows, positions
+        self._active, self._write = rows, write
         self._row_index = torch.arange(positions.shape[0], device=self.device)[:, None]
         self.lengths[rows] += q * to_device(advance, self.device)
         for r, grows in zip(indices, advance, strict=True):
@@ -133,12 +147,25 @@ class RaggedCache:
         values[self._row_index, :, self._write] = value_states.transpose(1, 2)
         return keys[:, :, : self._bound], values[:, :, : self._bound]
 
+    def compact(self, rows: Sequence[int], q: int, keep: Sequence[int]) -> None:
+        """After a forward of ``q`` entries on ``rows``: move its entries ``keep`` (increasing window indices, the
+        first 0) to the front of the window and drop the others. A tree window keeps its root and accepted path;
+        their position ids already were the path's, so the moved keys are exact (NEW_METHODS.md 1.6)."""
+        keep = list(keep)
+        if keep != list(range(len(keep))):
+            src, dst = to_device(keep, self.device), torch.arange(len(keep), device=self.device)
+            for r in rows:
+                start = self.filled[r] - q
+                for buffer in self.keys + self.values:
+                    buffer[r, :, start + dst] = buffer[r, :, start + src]
+        self.rollback([q - len(keep) if r in rows else 0 for r in range(self.rows)])
+
     def rollback(self, n: Sequence[int]) -> None:
         """Drop the last ``n[r]`` entries of each row ``r`` (their stale keys stay, masked out, until overwritten)."""
         if len(n) != self.rows:
             raise ValueError(f"rollback needs one count per cache row ({self.rows}), got {len(n)}")
         for r, k in enumerate(n):
-            if not 0 <= k <= self.filled[r]:
+            if not 0 <= k <= max(self.filled[r], 0):  # a row without a prompt holds -1 entries before its first window
                 raise ValueError(f"cannot roll back {k} of the {self.filled[r]} entries of cache row {r}")
         self.filled = [f - k for f, k in zip(self.filled, n, strict=True)]
         self.lengths -= to_device(n, self.device)
@@ -155,6 +182,8 @@ class RaggedBatch:
     #: ``[slots * rows, 1, ...]`` model input of each row's last prompt token (ids or embeddings); set by prefill
     prompt_tail: torch.Tensor | None = None
     ran: list[bool] = field(default_factory=list)
+    #: per cache row: its prompt is empty (its anchor is a placeholder that predicts nothing); set by prefill
+    no_prompt: list[bool] = field(default_factory=list)
 
     def slot_rows(self, slot: int) -> slice:
         if not 0 <= slot < self.slots:
@@ -165,8 +194,9 @@ class RaggedBatch:
 class RaggedDispatch:
     """Adapter mixin: the batched API of ``csd.adapters.base`` on a :class:`RaggedCache`.
 
-    The adapter provides ``prompt_inputs(prompt) -> [rows, T, ...]`` (model inputs of the CFG rows of a
-    prompt), ``body_inputs(ids [N, K]) -> [N, K, ...]`` (model inputs of body token ids),
+    The adapter provides ``prompt_inputs(prompt)`` (model inputs of the CFG rows of a prompt: a
+    ``[rows, T, ...]`` tensor, or one ``[T_r, ...]`` tensor per row when their lengths differ; a row may be
+    empty), ``body_inputs(ids [N, K]) -> [N, K, ...]`` (model inputs of body token ids),
     ``decode_step(inputs, cache, position_ids, attention_mask) -> [N, q, V]``, ``decoder()`` (the
     transformers decoder whose layers the cache serves) and ``static`` (None: eager, growing cache).
     """
@@ -207,7 +237,10 @@ class RaggedDispatch:
 
     @torch.no_grad()
     def prefill_slot(self, state: Any, slot: int, prompt: str) -> None:
-        """(Re)start ``slot``: its rows hold every prompt token but the last, kept as the slot's first anchor.
+        """(Re)start ``slot``: each row holds every token of its own prompt but the last, kept as the row's first
+        anchor. Rows of different prompt lengths prefill in one forward, right-padded to the longest (the
+        padding lands past each row's length and is rolled back); a row with an empty prompt gets a placeholder
+        anchor that no query sees (``RaggedCache.reset``), whose prediction :meth:`forward_batch` replaces.
 
         Eager path: the cache grows (other rows keep their entries) when the prompt plus the image body and a
         window reserve do not fit (``csd.fast.default_cache_len``). Static path: the batch's first prompt
@@ -216,8 +249,9 @@ class RaggedDispatch:
         if not isinstance(state, RaggedBatch):
             return super().prefill_slot(state, slot, prompt)
         rows = state.slot_rows(slot)
-        inputs = self.prompt_inputs(prompt)
-        prompt_len, body_len = inputs.shape[1] - 1, self.layout.length
+        inputs = list(self.prompt_inputs(prompt))
+        lengths = [row.shape[0] for row in inputs]
+        prompt_len, body_len = max(lengths) - 1, self.layout.length
         if self.static is None:
             state.cache.grow(default_cache_len(prompt_len, body_len))
         else:
@@ -228,22 +262,37 @@ class RaggedDispatch:
                     f"a prompt of {prompt_len} cache entries plus a body of {body_len} does not fit the batched "
                     f"cache of {state.cache.capacity} entries; raise engine.max_cache_len"
                 )
+        tails = torch.stack([row[-1] if n else row.new_zeros(row.shape[1:]) for row, n in zip(inputs, lengths, strict=True)])
         if state.prompt_tail is None:
-            state.prompt_tail = inputs.new_zeros((state.cache.rows, 1, *inputs.shape[2:]))
-        state.prompt_tail[rows] = inputs[:, -1:]
-        state.cache.reset(rows)
-        if inputs.shape[1] > 1:
-            position_ids, mask = state.cache.extend(rows, inputs.shape[1] - 1)
-            self.decode_step(inputs[:, :-1], state.cache, position_ids, mask)
+            state.prompt_tail = tails.new_zeros((state.cache.rows, 1, *tails.shape[1:]))
+            state.no_prompt = [False] * state.cache.rows
+        state.prompt_tail[rows] = tails.unsqueeze(1)
+        state.no_prompt[rows] = [n == 0 for n in lengths]
+        state.cache.reset(rows, state.no_prompt[rows])
+        if prompt_len > 0:
+            body = torch.nn.utils.rnn.pad_sequence([row[:-1] for row in inputs], batch_first=True)
+            position_ids, mask = state.cache.extend(rows, prompt_len, [n > 0 for n in lengths])
+            self.decode_step(body, state.cache, position_ids, mask)
+            padding = [0] * state.cache.rows
+            padding[rows] = [prompt_len + 1 - n if n else 0 for n in lengths]
+            if any(padding):
+                state.cache.rollback(padding)
+
+    @property
+    def tree_attention(self) -> bool:
+        """Tree windows (``forward_batch(tree=...)``, :meth:`keep_batch`) run on the eager cache."""
+        return self.static is None
 
     @torch.no_grad()
     def forward_batch(self, state: Any, ids: torch.Tensor, from_prompt: Sequence[bool],
-                      active: Sequence[bool]) -> torch.Tensor:
+                      active: Sequence[bool], tree: TreeMask | None = None) -> torch.Tensor:
         """One forward of every slot's window ``ids [B, K]``: raw logits ``[B, rows, K, V]``, row for row those
         of the single-context ``forward`` (column 0 is the anchor; the prompt tail where ``from_prompt``).
-        Inactive slots' caches do not advance and their logits are meaningless."""
-        if not isinstance(state, RaggedBatch):
-            return super().forward_batch(state, ids, from_prompt, active)
+        Inactive slots' caches do not advance and their logits are meaningless. A row with an empty prompt
+        has no context for its placeholder anchor's prediction: that column is the slot's first row's (under
+        CFG: the prediction is unguided). ``tree``: every slot's window is that tree (``RaggedCache.extend``)."""
+        if not isinstance(state, RaggedBatch) or (tree is not None and self.static is not None):
+            return super().forward_batch(state, ids, from_prompt, active, tree)
         slots, k = ids.shape
         if slots != state.slots or state.prompt_tail is None:
             raise ValueError(f"forward_batch needs ids for all {state.slots} slots after a prefill, got {slots}")
@@ -253,13 +302,31 @@ class RaggedDispatch:
         anchors = anchors.view(-1, *[1] * (inputs.dim() - 1))
         inputs[:, :1] = torch.where(anchors, state.prompt_tail, inputs[:, :1])
         advance = [a for a in active for _ in range(rows)]
-        position_ids, mask = state.cache.extend(slice(0, state.cache.rows), k, advance)
+        if tree is not None:  # a tree's nodes may reach past the body by its siblings: room beyond the reserve
+            state.cache.grow(max(state.cache.filled) + k)
+        position_ids, mask = state.cache.extend(slice(0, state.cache.rows), k, advance, tree)
         state.ran = list(active)
         if self.static is None:
             logits = self.decode_step(inputs, state.cache, position_ids, mask)
         else:  # the compiled step: one graph per window length K (1 or the engine's padded L)
             logits = self.static.call(inputs.contiguous(), state.cache, position_ids, mask)
-        return logits.view(slots, rows, k, -1)
+        logits = logits.view(slots, rows, k, -1)
+        blind = [first and empty for first, row in zip(from_prompt, range(0, state.cache.rows, rows), strict=True)
+                 for empty in state.no_prompt[row : row + rows]]
+        if any(blind):
+            blind = to_device(blind, logits.device, torch.bool).view(slots, rows, 1, 1)
+            logits = torch.cat([torch.where(blind, logits[:, :1, :1], logits[:, :, :1]), logits[:, :, 1:]], dim=2)
+        return logits
+
+    def keep_batch(self, state: Any, q: int, keep: Sequence[Sequence[int]]) -> None:
+        """After a tree forward of ``q`` entries, for each slot it advanced: keep the entries ``keep[b]`` (window
+        indices: the root and the accepted path) at the front of its window and drop the rest."""
+        if not isinstance(state, RaggedBatch):
+            return super().keep_batch(state, q, keep)
+        for slot, (nodes, ran) in enumerate(zip(keep, state.ran, strict=True)):
+            if ran:
+                rows = state.slot_rows(slot)
+                state.cache.compact(range(rows.start, rows.stop), q, nodes)
 
     def rollback_batch(self, state: Any, n: Sequence[int]) -> None:
         """Drop the last ``n[b]`` entries of every row of slot ``b``, for each slot the last forward advanced."""

@@ -1,17 +1,22 @@
 """Batched decoding: an image depends only on (prompt, seed), never on its neighbours or the batch size.
 
 fp32 token identity B = 1 vs 3 vs 8 (mixed prompt lengths, every rule family and drafting variant),
-continuous refill, and the chi-square lossless test with rows of different prompts in one batch.
+continuous refill, and the chi-square lossless test with rows of different prompts in one batch; Lumina-mGPT and
+Emu3 (CFG rows of different prompt lengths) against their single-context path, one forward per iteration.
 """
 
 from __future__ import annotations
 
+import copy
+import types
 from collections import Counter
 
 import pytest
+import torch
 
 from baselines.gsd import GSD
 from csd.acceptance import CSD, SJD
+from csd.adapters.base import ModelAdapter
 from csd.adapters.emu3 import tiny_emu3_adapter
 from csd.adapters.janus import tiny_janus_adapter
 from csd.adapters.lumina import tiny_lumina_adapter
@@ -69,15 +74,6 @@ def test_generate_is_a_batch_of_one(janus):
     assert not alone.batched and alone.decode_s > 0
 
 
-@pytest.mark.parametrize("build", [lambda: tiny_lumina_adapter(head_scale=3.0, jacobi_tail=3), lambda: tiny_emu3_adapter(grid=(2, 3), head_scale=3.0)],
-                         ids=["lumina", "emu3"])
-def test_forced_tokens_and_jacobi_tail_batched(build):
-    """Lumina-mGPT / Emu3 (forced structural tokens, Lumina's AR tail) give the same images batched."""
-    adapter = build()
-    reqs = requests(5)
-    assert decode(adapter, 3, reqs, window=4) == decode(adapter, 1, reqs, window=4)
-
-
 def test_refill_keeps_every_slot_busy(janus):
     """5 images through 2 slots: finished rows are refilled, the last partly empty batch finishes."""
     engine = JacobiEngine(janus, SJD(), window=5, batch_size=2)
@@ -124,3 +120,97 @@ def test_one_host_sync_per_batched_iteration(janus, monkeypatch):
     engine = JacobiEngine(janus, CSD(lam=0.5, delta=0.9), window=5, batch_size=4)
     reads, expected = host_reads_per_batched_run(engine, requests(4), monkeypatch)
     assert reads == expected
+
+
+# ----------------------------------------------- Lumina-mGPT and Emu3: CFG rows of different prompt lengths
+
+#: tiny models with forced structural tokens (Lumina's AR tail too); CFG rows of different prompt lengths:
+#: Lumina's unconditional row is empty, Emu3's negative prompt ("blurry") is shorter or longer than the caption
+PADDED = {
+    "lumina": lambda scale: tiny_lumina_adapter(grid=(3, 4), head_scale=3.0, jacobi_tail=3, guidance_scale=scale),
+    "emu3": lambda scale: tiny_emu3_adapter(grid=(2, 3), head_scale=3.0, guidance_scale=scale),
+}
+
+
+def per_slot(adapter: ModelAdapter) -> ModelAdapter:
+    """The adapter with the default batch API of ``ModelAdapter``: one single-context forward per slot."""
+    clone = copy.copy(adapter)
+    for name in ("start_batch", "prefill_slot", "forward_batch", "rollback_batch"):
+        setattr(clone, name, types.MethodType(getattr(ModelAdapter, name), clone))
+    return clone
+
+
+@pytest.mark.parametrize("cfg", [True, False], ids=["cfg", "no_cfg"])
+@pytest.mark.parametrize("model", list(PADDED))
+def test_padded_cfg_batched_logits_match_single_contexts(model, cfg):
+    """Every slot's logits on the ragged cache equal its single-context (left-padded) forward's, all columns:
+    windows of different lengths, a refill that grows the cache, a first window of one token, an inactive slot
+    whose first window is postponed."""
+    adapter = PADDED[model](3.0 if cfg else 1.0)
+    gen = torch.Generator().manual_seed(0)
+    state = adapter.start_batch(3)
+    contexts = []
+    for slot, prompt in enumerate(PROMPTS[:3]):
+        adapter.prefill_slot(state, slot, prompt)
+        contexts.append(adapter.prefill(prompt))
+    refills = {3: (2, "a long caption " * 14), 4: (0, PROMPTS[3])}
+    from_prompt = [True] * 3
+    for step, k in enumerate((4, 4, 3, 1, 4, 2)):
+        if step in refills:
+            slot, prompt = refills[step]
+            capacity = state.cache.capacity
+            adapter.prefill_slot(state, slot, prompt)
+            assert (state.cache.capacity > capacity) == (step == 3)
+            contexts[slot] = adapter.prefill(prompt)
+            from_prompt[slot] = True
+        active = [step != 4, True, True]
+        ids = adapter.image_token_ids[torch.randint(0, adapter.vocab_size, (3, k), generator=gen)]
+        logits = adapter.forward_batch(state, ids, from_prompt, active)
+        assert logits.shape[:3] == (3, 2 if cfg else 1, k)
+        # rollback: at most the window's drafts on a first window (the engine always commits its anchor)
+        n = [int(torch.randint(0, k + (not first), (), generator=gen)) for first in from_prompt]
+        for slot in range(3):
+            if active[slot]:
+                ref = adapter.forward(contexts[slot], ids[slot, 1:], with_prompt_tail=True) if from_prompt[slot] \
+                    else adapter.forward(contexts[slot], ids[slot])
+                torch.testing.assert_close(logits[slot], ref, rtol=1e-5, atol=1e-5)
+                adapter.rollback(contexts[slot], n[slot])
+                from_prompt[slot] = False
+        adapter.rollback_batch(state, n)
+
+
+@pytest.mark.parametrize("case", ["ar", "sjd", "csd"])
+@pytest.mark.parametrize("model", list(PADDED))
+def test_padded_cfg_batched_tokens_equal_per_slot_batch_one(model, case):
+    """fp32: 7 requests of four prompt lengths through 3 or 4 slots (continuous refill) give the tokens, NFE,
+    stats and commit maps of batch 1 on the ragged cache and of the single-context path, one slot at a time."""
+    adapter = PADDED[model](3.0)
+    reqs = requests(7)
+    single = decode(per_slot(adapter), 1, reqs, **dict(CASES[case]))
+    for batch_size in (1, 3, 4):
+        assert decode(adapter, batch_size, reqs, **dict(CASES[case])) == single, batch_size
+
+
+@pytest.mark.parametrize("model", list(PADDED))
+def test_padded_cfg_one_forward_per_iteration(model):
+    """6 images through 3 slots: the model runs once per engine iteration for every slot's CFG rows, plus one
+    prefill per image; a per-slot loop would need one forward per image and iteration."""
+    adapter = PADDED[model](3.0)
+    rows, iterations = [], []
+    hook = adapter.base.register_forward_hook(lambda module, args, kwargs, out: rows.append(kwargs["input_ids"].shape[0]),
+                                              with_kwargs=True)
+    forward = adapter.forward_batch
+
+    def counting(state, ids, from_prompt, active):
+        iterations.append(sum(active))
+        return forward(state, ids, from_prompt, active)
+
+    adapter.forward_batch = counting
+    try:
+        nfe = [gen.nfe for _, gen in JacobiEngine(adapter, SJD(), window=4, batch_size=3).generate_many(requests(6))]
+    finally:
+        hook.remove()
+        del adapter.forward_batch
+    assert len(rows) == len(iterations) + 6
+    assert rows.count(6) == len(iterations) and rows.count(2) == 6  # [3 slots x 2 rows] per iteration, [2] per prefill
+    assert sum(iterations) == sum(nfe) > len(iterations)

@@ -103,7 +103,9 @@ def test_batched_cfg_equals_separate_passes():
         cond = hf_logits(a, torch.cat([prompt, body[:7]]).unsqueeze(0))[0, prompt.numel() - 1 :]
         uncond = hf_logits(a, body[:7].unsqueeze(0))[0]
     torch.testing.assert_close(rows[0], cond, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(rows[1, 1:], uncond, rtol=1e-5, atol=1e-5)  # row 0: the padded anchor
+    torch.testing.assert_close(rows[1, 1:], uncond, rtol=1e-5, atol=1e-5)
+    # the padded anchor of the empty unconditional prompt predicts nothing: it takes the conditional logits
+    assert torch.equal(rows[1, 0], rows[0, 0])
 
 
 def test_rollback_is_exact():

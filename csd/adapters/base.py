@@ -23,12 +23,34 @@ nothing about acceptance rules. The contract, in the vocabulary of docs/ALGORITH
 
 from __future__ import annotations
 
+import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from csd.tree import TreeMask
+
+
+@dataclass(frozen=True)
+class EntropyTemperature:
+    """ARsample's dynamic temperature ``T = clamp(t0 exp(-H / alpha) + theta, lo, hi)`` (docs/ALGORITHMS.md,
+    "The target q"); the defaults are the released Lumina-mGPT code's."""
+
+    t0: float = 1.5
+    alpha: float = 2.5
+    theta: float = 0.7
+    lo: float = 0.7
+    hi: float = 2.0
+
+    def __post_init__(self) -> None:
+        if not self.alpha > 0:
+            raise ValueError(f"alpha={self.alpha} must be > 0")
+        if not 0 < self.lo <= self.hi:
+            raise ValueError(f"needs 0 < lo <= hi, got lo={self.lo}, hi={self.hi}")
 
 
 @dataclass(frozen=True)
@@ -37,11 +59,13 @@ class SamplingConfig:
 
     ``guidance_scale`` s: ``l = l_u + s (l_c - l_u)`` on raw logits (the same ``q`` as on log-softmax
     values, see :func:`csd.processors.classifier_free_guidance`). ``top_k = 0`` keeps the full vocabulary.
+    ``entropy_temperature``: the per-row dynamic temperature, applied before top-k (None: off).
     """
 
     guidance_scale: float = 1.0
     top_k: int = 0
     temperature: float = 1.0
+    entropy_temperature: EntropyTemperature | None = None
 
 
 @dataclass(frozen=True)
@@ -108,6 +132,8 @@ class ModelAdapter(ABC):
     device: torch.device
     #: which ids of the raw logits' last dim are image codes (None: the raw logits are already image-only)
     raw_image_columns: torch.Tensor | None = None
+    #: whether ``forward_batch(tree=...)`` and ``keep_batch`` work (SJD-PAC's tree windows, ``csd.tree``)
+    tree_attention: bool = False
 
     @property
     def uses_cfg(self) -> bool:
@@ -133,9 +159,13 @@ class ModelAdapter(ABC):
         """(Re)start ``slot`` with ``prompt``; the other slots are untouched."""
         state.contexts[slot] = self.prefill(prompt)
 
-    def forward_batch(self, state: Any, ids: torch.Tensor, from_prompt: list[bool], active: list[bool]) -> torch.Tensor:
+    def forward_batch(self, state: Any, ids: torch.Tensor, from_prompt: list[bool], active: list[bool],
+                      tree: TreeMask | None = None) -> torch.Tensor:
         """One window per slot: ``ids [B, K]`` (column 0 the anchor, replaced by the prompt tail where
-        ``from_prompt``) -> raw logits ``[B, rows, K, V_raw]``; inactive slots' outputs are zeros."""
+        ``from_prompt``) -> raw logits ``[B, rows, K, V_raw]``; inactive slots' outputs are zeros. ``tree``: the
+        window is a tree (``csd.tree``), which only adapters with ``tree_attention`` run."""
+        if tree is not None:
+            raise NotImplementedError(f"{type(self).__name__} has no tree attention on this path (eager RaggedCache only)")
         outs: list[torch.Tensor | None] = []
         for slot, ctx in enumerate(state.contexts):
             if not active[slot]:
@@ -147,6 +177,10 @@ class ModelAdapter(ABC):
         state.ran = list(active)
         template = next(out for out in outs if out is not None)
         return torch.stack([torch.zeros_like(template) if out is None else out for out in outs])
+
+    def keep_batch(self, state: Any, q: int, keep: list[list[int]]) -> None:
+        """After a tree forward of ``q`` entries: keep the entries ``keep[b]`` of each slot (adapters with ``tree_attention``)."""
+        raise NotImplementedError(f"{type(self).__name__} has no tree attention on this path (eager RaggedCache only)")
 
     def rollback_batch(self, state: Any, n: list[int]) -> None:
         """Drop the last ``n[b]`` cache entries of every slot the last ``forward_batch`` ran."""
@@ -176,6 +210,7 @@ class ModelAdapter(ABC):
             "guidance_scale": self.sampling.guidance_scale,
             "top_k": self.sampling.top_k,
             "temperature": self.sampling.temperature,
+            "entropy_temperature": None if (t := self.sampling.entropy_temperature) is None else dataclasses.asdict(t),
         }
 
 

@@ -7,7 +7,8 @@
   ``vocabulary_mapping`` (a lookup).
 * CFG 3 with a *negative prompt* (same image header) as the unconditional branch, top-k 2048. The
   original combines log-softmax values; combining raw logits gives the same ``q`` (a per-row constant). Both branches share one left-padded
-  batch (``PaddedCFGAdapter``), whichever prompt is shorter gets the padding.
+  batch (``PaddedCFGAdapter``), whichever prompt is shorter gets the padding; batches run every slot's two
+  rows at their own prompt lengths on one ``csd.ragged.RaggedCache`` (one forward per engine iteration).
 * Pixels: ``model.decode_image_tokens`` (HF's Emu3 VQ decoder; values in about [-1, 1]).
 
 Adding this model family took this file plus ``conf/model/emu3_gen.yaml``: the engine, processors and
@@ -56,7 +57,7 @@ class Emu3Adapter(PaddedCFGAdapter):
         """``encode(text)`` -> full prompt ids (BOS, text, image header); ``end_ids`` = (end of frame,
         image end, EOS): the first two close the body, EOS is the third trailing token HF's
         ``decode_image_tokens`` strips."""
-        super().__init__(model.model, model.lm_head, model.config.text_config, sampling)
+        super().__init__(model.model.text_model, model.lm_head, sampling)
         self.model, self.encode, self.pad_id = model, encode, pad_id
         self.positive_suffix, self.negative_prompt = positive_suffix, negative_prompt
         mapping = model.model.vocabulary_mapping

@@ -10,9 +10,14 @@
   structural token is a forced position; the free positions are image tokens, whose ids map to VQ
   codes through ``vocabulary_mapping.bpe2img`` (a lookup table, not an offset).
 * CFG (scale 3, on raw logits): the unconditional context is the sequence from ``<racm3:break>`` on
-  (no prompt). Both branches share one batch and one cache: the unconditional row is left-padded over
-  the prompt with attention-mask zeros and positions counted from its first real token, which gives
-  the logits of a separate unconditional pass (tested). The 2D mask lives in ``ctx.extra["mask"]``.
+  (no prompt). Single context: both branches share one batch and one cache, the unconditional row
+  left-padded over the prompt with attention-mask zeros and positions counted from its first real
+  token, which gives the logits of a separate unconditional pass (tested); the 2D mask lives in
+  ``ctx.extra["mask"]``. Batches (``start_batch`` ...): every row of every slot on one
+  ``csd.ragged.RaggedCache`` with its own prompt length (the unconditional row's is 0), one forward per
+  engine iteration. The unconditional row's first prediction has no context: its logits are the
+  conditional row's, so CFG leaves it (the forced ``<racm3:break>``) unguided, as Lumina's CFG processor
+  does before the image tokens start.
 * Sampling: image top-k 2000, temperature 1; plain AR for the last ``jacobi_tail`` (~10) positions.
 * Checkpoint conversion: Lumina stores every q_norm / k_norm weight and bias as ``[1, head_dim]``
   (one shard's values); HF expects ``[num_heads, head_dim]`` (k_norm: key-value heads), so they are
@@ -31,7 +36,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from transformers import ChameleonConfig, ChameleonForConditionalGeneration, DynamicCache, PreTrainedConfig
+from transformers import ChameleonConfig, ChameleonForConditionalGeneration, DynamicCache, PreTrainedModel
 
 from csd.adapters.base import (
     BodyLayout,
@@ -42,6 +47,7 @@ from csd.adapters.base import (
     resolve_dtype,
 )
 from csd.adapters.vqgan import VQGANConfig, VQGANDecoder, codes_from_rows, load_vqgan_decoder
+from csd.ragged import RaggedCache, RaggedDispatch
 
 TextEncoder = Callable[[str], torch.Tensor]
 
@@ -61,28 +67,51 @@ def left_pad(rows: list[torch.Tensor], pad_id: int) -> tuple[torch.Tensor, torch
     return ids, mask
 
 
-class PaddedCFGAdapter(ModelAdapter):
+class PaddedCFGAdapter(RaggedDispatch, ModelAdapter):
     """A decoder-only HF model whose CFG branches are rows of one left-padded batch with a 2D attention mask.
 
     Subclasses give the prompt rows (conditional first, then unconditional when CFG is on). The mask
     covers every cache entry; it grows with each forward and shrinks with each rollback, and position
-    ids are ``cumsum(mask) - 1`` so each row counts positions from its own first real token.
+    ids are ``cumsum(mask) - 1`` so each row counts positions from its own first real token. A row whose
+    prompt is empty has only a padded anchor: its first prediction (no context) is the conditional row's.
+
+    Batched decoding (``start_batch`` ...) runs every slot's rows on one ``csd.ragged.RaggedCache``, each
+    row with its own prompt length (no padding), eager only. ``base`` is the text decoder (its config
+    sizes the caches), ``lm_head`` the full-vocabulary head.
     """
 
     pad_id: int = 0
+    #: no compiled path: batches decode eagerly on a growing RaggedCache
+    static = None
 
-    def __init__(
-        self, base: nn.Module, lm_head: nn.Module, cache_config: PreTrainedConfig, sampling: SamplingConfig
-    ) -> None:
+    def __init__(self, base: PreTrainedModel, lm_head: nn.Module, sampling: SamplingConfig) -> None:
         self.base = base.eval()
         self.lm_head = lm_head.eval()
-        self.cache_config = cache_config
         self.sampling = sampling
         self.device = lm_head.weight.device
 
     @abstractmethod
     def prompt_rows(self, prompt: str) -> list[torch.Tensor]:
         """1-D prompt ids per CFG row (``[cond]`` or ``[cond, uncond]``); a row may be empty."""
+
+    def prompt_inputs(self, prompt: str) -> list[torch.Tensor]:
+        """The batched path's prompt: :meth:`prompt_rows` on the device, each row at its own length."""
+        return [row.to(self.device) for row in self.prompt_rows(prompt)]
+
+    def body_inputs(self, ids: torch.Tensor) -> torch.Tensor:
+        return ids.long()
+
+    def decoder(self) -> PreTrainedModel:
+        return self.base
+
+    def decode_step(self, ids: torch.Tensor, cache: RaggedCache, position_ids: torch.Tensor,
+                    attention_mask: torch.Tensor) -> torch.Tensor:
+        """Decoder + full-vocabulary head on a ``RaggedCache`` forward: ``[N, q]`` ids -> ``[N, q, V_raw]`` logits
+        (``position_ids`` / 4D additive ``attention_mask``: those the cache's ``extend`` returned)."""
+        hidden = self.base(
+            input_ids=ids, cache=cache, position_ids=position_ids, attention_mask=attention_mask, use_cache=True
+        ).last_hidden_state
+        return self.lm_head(hidden)
 
     def _run(self, ctx: DecodeContext, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Feed ``ids [R, n]`` whose own mask columns are ``mask [R, n]``; returns hidden states ``[R, n, D]``."""
@@ -97,7 +126,7 @@ class PaddedCFGAdapter(ModelAdapter):
         ids, mask = left_pad(self.prompt_rows(prompt), self.pad_id)
         ids, mask = ids.to(self.device), mask.to(self.device)
         ctx = DecodeContext(
-            cache=DynamicCache(config=self.cache_config),
+            cache=DynamicCache(config=self.base.config),
             prompt_tail=ids[:, -1:],
             extra={"mask": mask[:, :0], "tail_mask": mask[:, -1:]},
         )
@@ -112,7 +141,11 @@ class PaddedCFGAdapter(ModelAdapter):
         if with_prompt_tail:
             ids = torch.cat([ctx.prompt_tail, ids], dim=1)
             mask = torch.cat([ctx.extra["tail_mask"], mask], dim=1)
-        return self.lm_head(self._run(ctx, ids, mask))
+        logits = self.lm_head(self._run(ctx, ids, mask))
+        if with_prompt_tail:  # a padded anchor (empty prompt) predicts nothing: it takes the conditional row's logits
+            blind = ctx.extra["tail_mask"][:, :, None] == 0
+            logits[:, :1] = torch.where(blind, logits[:1, :1], logits[:, :1])
+        return logits
 
     def rollback(self, ctx: DecodeContext, n: int) -> None:
         if n > 0:
@@ -169,7 +202,7 @@ class LuminaAdapter(PaddedCFGAdapter):
         sampling: SamplingConfig,
         jacobi_tail: int = 10,
     ) -> None:
-        super().__init__(model.model, model.lm_head, model.config, sampling)
+        super().__init__(model.model, model.lm_head, sampling)
         self.model, self.encode, self.tokens, self.vqgan = model, encode, tokens, vqgan.eval()
         self.pad_id = tokens.pad
         bpe2img = model.model.vocabulary_mapping.bpe2img
