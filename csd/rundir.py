@@ -69,20 +69,22 @@ def _digest(keys: dict[str, Any]) -> str:
 
 
 #: keys added to the configs after runs were made, with the value those runs used without naming it
-ADDED_KEYS = {"method.draft_record": "onehot"}
+#: (``dataset.caption_rule``: COCO configs only, the loader's one rule before the option)
+ADDED_KEYS = {"method.draft_record": "onehot", "dataset.caption_rule": "longest"}
 
 
-def stored_fingerprint(run_dir: Path) -> dict[str, Any] | None:
+def stored_fingerprint(run_dir: Path, new: dict[str, Any]) -> dict[str, Any] | None:
     """The directory's fingerprint: ``fingerprint.json``, else derived from an older run's ``config.yaml``
-    (keys of :data:`ADDED_KEYS` it lacks take their implicit value)."""
+    (keys of :data:`ADDED_KEYS` that it lacks and the ``new`` fingerprint has take their implicit value)."""
+    added = {k: v for k, v in ADDED_KEYS.items() if k in new}
     path = run_dir / FINGERPRINT_FILE
     if path.exists():
-        return {**ADDED_KEYS, **json.loads(path.read_text())["keys"]}
+        return {**added, **json.loads(path.read_text())["keys"]}
     config = run_dir / "config.yaml"
     if config.exists():
         old = OmegaConf.load(config)
         try:
-            return {**ADDED_KEYS, **fingerprint(old, load_prompts(old.dataset))}
+            return {**added, **fingerprint(old, load_prompts(old.dataset))}
         except (AttributeError, KeyError, ValueError, OSError) as err:  # an older layout, or its dataset file is gone
             raise ConfigError(
                 f"{run_dir} has records but its settings cannot be rebuilt from {config} ({err}); use a new hydra.run.dir"
@@ -197,7 +199,7 @@ def check_fingerprint(run_dir: Path, cfg: DictConfig, prompts: list[Prompt]) -> 
         _create(run_dir / FINGERPRINT_FILE, json.dumps({"sha256": _digest(new), "keys": new}, indent=1))
     # a shard compares with the fingerprint even before any records: another shard may be loading its model
     if has_records(run_dir) or (sharded and (run_dir / FINGERPRINT_FILE).exists()):
-        old = stored_fingerprint(run_dir)
+        old = stored_fingerprint(run_dir, new)
         if old is None:
             raise ConfigError(
                 f"{run_dir} has records but no {FINGERPRINT_FILE} or config.yaml, so what made them is unknown; "

@@ -18,7 +18,7 @@ from csd.evaluation.context import EvalContext
 from csd.lockfile import FileLock, LockHeldError
 from csd.pipeline import generate_run
 from csd.records import RECORDS_FILE, REJECTED_FILE, RecordsError, image_readable, load_records
-from csd.rundir import FINGERPRINT_FILE, LOCK_FILE
+from csd.rundir import FINGERPRINT_FILE, LOCK_FILE, stored_fingerprint
 from tests.test_config import make_cfg
 from tests.test_eval_fixtures import eval_cfg, make_run
 
@@ -192,3 +192,13 @@ def test_ctrl_c_prints_what_was_saved_and_how_to_resume(tmp_path, monkeypatch, c
     monkeypatch.undo()
     generate_run(cfg)
     assert len(load_records(tmp_path)) == 3
+
+
+def test_keys_added_later_take_their_implicit_value_where_the_config_has_them(tmp_path):
+    """A fingerprint written before ``method.draft_record`` / ``dataset.caption_rule`` existed matches a config that
+    sets their implicit values; a dataset without caption rules (toy, smoke) is not given one."""
+    (tmp_path / FINGERPRINT_FILE).write_text(json.dumps({"sha256": "", "keys": {"seed": 0}}))
+    coco = {"seed": 0, "method.draft_record": "onehot", "dataset.caption_rule": "longest"}
+    assert stored_fingerprint(tmp_path, coco) == coco
+    assert stored_fingerprint(tmp_path, {"seed": 0, "method.draft_record": "onehot"}) == {"seed": 0, "method.draft_record": "onehot"}
+    assert stored_fingerprint(tmp_path, {"seed": 0, "dataset.caption_rule": "sjd"}) != {"seed": 0, "dataset.caption_rule": "sjd"}
