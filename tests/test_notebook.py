@@ -18,8 +18,8 @@ ABLATION = REPO / "results" / "ablation_lambda_delta"
 @pytest.mark.parametrize(
     ("results_dir", "cwd", "expected"),
     [
-        (None, REPO, f"6 evaluated runs under {REPO / 'results' / 'toy_paper'}"),  # a fresh clone's default
-        (None, REPO / "notebooks", f"6 evaluated runs under {REPO / 'results' / 'toy_paper'}"),  # Jupyter's cwd
+        (None, REPO, f"12 evaluated runs under {REPO / 'results' / 'toy_paper'}"),  # a fresh clone's default
+        (None, REPO / "notebooks", f"12 evaluated runs under {REPO / 'results' / 'toy_paper'}"),  # Jupyter's cwd
         ("results/ablation_lambda_delta", REPO / "notebooks", f"30 evaluated runs under {ABLATION}"),  # from the repo
         (str(ABLATION), REPO, f"30 evaluated runs under {ABLATION}"),
     ],

@@ -16,6 +16,7 @@ from csd.evaluation import evaluate_run
 from csd.report import SweepReportCallback, build_report
 from csd.report.collect import results_frame
 from csd.report.pareto import pareto_front, plot_pareto
+from csd.report.table import table_context
 from tests.test_eval_fixtures import REPO, eval_cfg, make_run
 
 
@@ -135,3 +136,11 @@ def test_experiment_presets_compose(name: str) -> None:
         cfg = compose("config", overrides=overrides, return_hydra_config=True)
     assert cfg.hydra.mode.name == "MULTIRUN" and cfg.hydra.sweeper.params
     assert cfg.logger.group == name and cfg.eval.metrics
+
+
+def test_table_heading_names_the_evaluation_protocol() -> None:
+    runs = pd.DataFrame({"dataset": ["coco2017", "coco2017"], "protocol": ["sjd", "sjd"]})
+    assert table_context(runs) == "coco2017; eval protocol: sjd"
+    mixed = runs.assign(protocol=["sjd", "lantern"])
+    assert "MIXED eval protocols lantern, sjd" in table_context(mixed)
+    assert table_context(runs.assign(protocol=[None, None])) == "coco2017"  # speed-only runs record none

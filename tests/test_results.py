@@ -14,7 +14,7 @@ RESULTS = Path(__file__).resolve().parent.parent / "results"
 RUNS = sorted(RESULTS.glob("toy_paper/*/run.json"))
 
 
-@pytest.mark.parametrize("run_json", [p for p in RUNS if p.parent.name.split("_", 1)[1] in ("ar", "csd")], ids=lambda p: p.parent.name)
+@pytest.mark.parametrize("run_json", [p for p in RUNS if p.parent.name.split("_", 1)[1] in ("ar", "csd", "sjd_pac")], ids=lambda p: p.parent.name)
 def test_committed_toy_run_reproduces(run_json):
     info = json.loads(run_json.read_text())
     record = load_records(run_json.parent)[0]
@@ -26,6 +26,6 @@ def test_committed_toy_run_reproduces(run_json):
 
 
 def test_committed_results_exist():
-    assert len(RUNS) == 6, "run experiments/reproduce_toy_results.sh"
+    assert len(RUNS) == 12, "run experiments/reproduce_toy_results.sh"
     assert (RESULTS / "toy_paper/report/table_toy.md").exists()
     assert (RESULTS / "ablation_lambda_delta/report/pareto_toy.png").exists()

@@ -99,6 +99,18 @@ def markdown_table(df: pd.DataFrame) -> tuple[str, list[str]]:
     return table.to_markdown(index=False, floatfmt=".3g", missingval=""), notes
 
 
+def table_context(group: pd.DataFrame) -> str:
+    """A table heading's context: the datasets and the evaluation protocols (``eval.protocol``) of its runs; several
+    protocols are named as such, since their quality columns must not be compared (docs/EVALUATION.md)."""
+    context = ", ".join(sorted(group["dataset"].unique()))
+    protocols = sorted(p for p in group.get("protocol", pd.Series(dtype=object)).dropna().unique())
+    if len(protocols) == 1:
+        context += f"; eval protocol: {protocols[0]}"
+    elif protocols:
+        context += f"; MIXED eval protocols {', '.join(protocols)}: quality columns do not compare across them"
+    return context
+
+
 def write_tables(df: pd.DataFrame, out_dir: Path) -> list[Path]:
     """``table_<model>.csv`` and ``.md`` (with its footnotes) for each model of the sweep; returns the Markdown paths."""
     written = []
@@ -106,7 +118,7 @@ def write_tables(df: pd.DataFrame, out_dir: Path) -> list[Path]:
         paper_table(group).to_csv(out_dir / f"table_{model}.csv", index=False)
         markdown, notes = markdown_table(group)
         md = out_dir / f"table_{model}.md"
-        md.write_text(f"### {model} ({', '.join(sorted(group['dataset'].unique()))})\n\n" + markdown + "\n"
+        md.write_text(f"### {model} ({table_context(group)})\n\n" + markdown + "\n"
                       + "".join(f"\n{note}\n" for note in notes), encoding="utf-8")
         written.append(md)
     return written
