@@ -1,4 +1,4 @@
-"""csd-bench entry point: ``python run.py [stage=generate|evaluate|report|status|all] method=... model=... dataset=...``."""
+"""csd-bench entry point: ``python run.py [stage=generate|evaluate|report|status|study|all] method=... model=... dataset=...``."""
 
 from __future__ import annotations
 
@@ -14,12 +14,12 @@ def output_dir(stage: str, run_dir: str | None, sweep_dir: str | None, report_di
     """Hydra's run directory (``.hydra/``, ``run.log``), so that no invocation leaves a stray directory.
 
     ``run_dir`` when given (evaluating a run writes next to it); for ``stage=report`` the report's directory
-    (``report_dir``, else ``<sweep_dir or run_dir>/report``); for ``stage=status`` the directory it reads;
-    else ``new_dir``, a new timestamped run.
+    (``report_dir``, else ``<sweep_dir or run_dir>/report``); for ``stage=status`` the directory it reads and
+    for ``stage=study`` the one it writes (``sweep_dir`` or ``run_dir``); else ``new_dir``, a new timestamped run.
     """
     if stage == "report" and (sweep_dir or run_dir):
         return report_dir or str(Path(sweep_dir or run_dir) / "report")
-    if stage == "status" and (sweep_dir or run_dir):
+    if stage in ("status", "study") and (sweep_dir or run_dir):
         return sweep_dir or run_dir
     return run_dir or new_dir
 

@@ -62,6 +62,11 @@ def run_stages(cfg: DictConfig) -> None:
 
             print(status_table(Path(cfg.sweep_dir or run_dir), cfg.status.stale_min)[0])
             return
+        if cfg.stage == "study":
+            from csd.study import run_study
+
+            print(f"study: {run_study(cfg)}")
+            return
         one_gpu_per_shard(cfg)
         sharded = cfg.dataset.num_shards > 1
         if cfg.stage in ("generate", "all"):

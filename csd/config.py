@@ -32,9 +32,12 @@ from csd.schema import (
     Device,
     Fields,
     Float,
+    FloatList,
     Group,
     Int,
     IntList,
+    MapOf,
+    Scalars,
     Spec,
     Str,
     StrList,
@@ -44,7 +47,7 @@ from csd.tree import tree_problem
 
 log = logging.getLogger(__name__)
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
-STAGES = ("generate", "evaluate", "report", "status", "all")
+STAGES = ("generate", "evaluate", "report", "status", "study", "all")
 #: method keys that are not hyper-parameters of the acceptance rule
 ENGINE_KEYS = ("name", "_target_", "window", "init", "coupling", "draft_record", "tree_width", "tree_depth", "pac_code_parity")
 #: tree-window keys (SJD-PAC), recorded only for tree windows so that chain runs keep their parameters
@@ -86,6 +89,16 @@ SCHEMA: dict[str, Spec | ByTarget] = {
     "run_dir": Str(null=""),
     "sweep_dir": Str(null=""),
     "status.stale_min": Float(gt=0),
+    # stage=study (csd/study.py, docs/EVALUATION.md#matched-compression-study)
+    "study.rules": MapOf(
+        value=Fields(fields={"knob": Str(), "lo": Float(min=0), "hi": Float(min=0), "increasing": Bool(),
+                             "log_scale": Bool(), "overrides": Scalars()}),
+        names=lambda: choices("method"), what="method",
+    ),
+    "study.targets": FloatList(gt=1),
+    "study.calibration_prompts": Int(min=1),
+    "study.tol": Float(gt=0),
+    "study.max_evals": Int(min=2),
     # conf/method_keys.yaml, conf/method/*.yaml
     "method.name": Group(group="method", options=choices),
     "method._target_": Str(),

@@ -223,6 +223,57 @@ class Fields(Spec):
         return next((m for name, spec in self.fields.items() if (m := spec.error(f"{key}.{name}", value[name]))), None)
 
 
+@dataclass(frozen=True, kw_only=True)
+class FloatList(Spec):
+    """A non-empty list of finite numbers, each ``> gt``."""
+
+    gt: float
+
+    def describe(self) -> str:
+        return f"a non-empty list of finite numbers > {self.gt}"
+
+    def accepts(self, value: Any) -> bool:
+        return isinstance(value, ListConfig) and len(value) > 0 and all(
+            is_number(v) and math.isfinite(v) and v > self.gt for v in value)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Scalars(Spec):
+    """A mapping of names to numbers, booleans or strings (e.g. extra method keys; each value is checked where it
+    is used, against that key's own spec)."""
+
+    def describe(self) -> str:
+        return "a mapping of names to numbers, booleans or strings"
+
+    def accepts(self, value: Any) -> bool:
+        return isinstance(value, DictConfig) and all(
+            isinstance(k, str) and isinstance(v, (int, float, bool, str)) for k, v in value.items())
+
+
+@dataclass(frozen=True, kw_only=True)
+class MapOf(Spec):
+    """A mapping of names (each one of ``names()``, a ``what``) to values of the spec ``value`` (``key.name=...``)."""
+
+    value: Spec
+    names: Callable[[], list[str]]
+    what: str = "name"
+
+    def describe(self) -> str:
+        return f"a mapping of {self.what}s to {self.value.describe()}"
+
+    def accepts(self, value: Any) -> bool:
+        return isinstance(value, DictConfig)
+
+    def error(self, key: str, value: Any) -> str | None:
+        message = super().error(key, value)
+        if message or value is None:
+            return message
+        unknown = [name for name in value if name not in self.names()]
+        if unknown:
+            return f"{key}: unknown {self.what} {unknown[0]!r}; choose from {self.names()}"
+        return next((m for name in value if (m := self.value.error(f"{key}.{name}", value[name]))), None)
+
+
 @dataclass(frozen=True)
 class ByTarget:
     """Different specs for the same key by the group's ``_target_`` (lantern's ``k`` counts neighbours,

@@ -10,3 +10,5 @@ export HF_HUB_OFFLINE=1
 python run.py experiment=toy_paper logger=disabled hydra.sweep.dir=results/toy_paper
 python run.py experiment=ablation_lambda_delta model=toy dataset=toy dataset.n_prompts=16 device=cpu logger=disabled \
   'eval.report.extra_runs=[results/toy_paper/0_ar]' hydra.sweep.dir=results/ablation_lambda_delta
+# the matched-compression study (issue #17, docs/EVALUATION.md#matched-compression-study): the ~60 min step
+python run.py experiment=entropy_study hydra.run.dir=results/entropy_study

@@ -1,0 +1,434 @@
+"""The matched-compression study (issue #17, ``stage=study``; docs/EVALUATION.md#matched-compression-study).
+
+One command runs it: AR and SJD runs, then per relaxed rule a knob calibration to step compressions
+``target x SJD's`` (:func:`csd.report.matched.match_compression` on the first ``study.calibration_prompts``
+prompts), a full run (generate + evaluate) at every reachable target, and the analysis: quality with its 95 %
+intervals at matched compression, where relaxed acceptances land (region, target entropy), AR's target entropy
+per region, and what a relaxed acceptance costs per region against SJD on the same prompt and seed
+(:mod:`csd.evaluation.attribution`). Everything is resumable: finished runs are not redone and calibrations are
+cached in ``<root>/study_calibration.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from csd.config import (
+    CONF_DIR,
+    SCHEMA,
+    ConfigError,
+    build_adapter,
+    build_rule,
+    engine_args,
+    load_prompts,
+    resolve_device,
+    validate,
+)
+from csd.evaluation import METRICS_FILE
+from csd.evaluation.attribution import REGIONS, PairOutcome, divergence, failure_cost, region_labels
+from csd.evaluation.content import on_grid, region_grid
+from csd.records import load_records, record_files
+from csd.report.matched import KnobMatch, match_compression
+from csd.schema import ByTarget, Float
+
+log = logging.getLogger(__name__)
+CALIBRATION_FILE = "study_calibration.json"
+#: metrics compared at matched compression (scene accuracies are added per ``eval.toy.categories``)
+QUALITY = ("clip_score", "fid")
+
+
+def method_config(name: str, values: dict[str, Any]) -> DictConfig:
+    """``conf/method/<name>.yaml`` with ``values`` set: composed by the running Hydra app, else from ``conf/``."""
+    if GlobalHydra.instance().is_initialized():
+        method = compose(config_name="config", overrides=[f"method={name}"]).method
+    else:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            method = compose(config_name="config", overrides=[f"method={name}"]).method
+    with open_dict(method):
+        for key, value in values.items():
+            method[key] = value
+    return method
+
+
+def run_config(cfg: DictConfig, method: DictConfig, run_dir: Path) -> DictConfig:
+    """The study config as one run's: ``method`` replaced, ``run_dir`` set, both stages."""
+    out = cfg.copy()
+    with open_dict(out):
+        out.method = method
+        out.run_dir = str(run_dir)
+        out.stage = "all"
+    return out
+
+
+def rule_method(name: str, spec: DictConfig, knob: float) -> DictConfig:
+    return method_config(name, {**OmegaConf.to_container(spec.overrides), spec.knob: knob})
+
+
+def check_study(cfg: DictConfig) -> None:
+    """Cross-key checks of ``study`` (one :class:`ConfigError` line each), before any model loads: rules given,
+    each knob a real-valued hyper-parameter of its rule, ``lo < hi`` (``lo > 0`` on a log scale), and the rule's
+    config valid at both ends of its bracket (the schema and the rule's own checks)."""
+    study = cfg.study
+    if not study.rules:
+        raise ConfigError("study.rules is empty: give at least one method -> {knob, lo, hi, increasing, log_scale, overrides}")
+    for name, spec in study.rules.items():
+        where = f"study.rules.{name}"
+        key = f"method.{spec.knob}"
+        knob_spec = SCHEMA.get(key)
+        for extra in (spec.knob, *spec.overrides):
+            if f"method.{extra}" not in SCHEMA:
+                raise ConfigError(f"{where}: {extra!r} is not a method key")
+        method = method_config(name, {})
+        if isinstance(knob_spec, ByTarget):
+            knob_spec = knob_spec.pick(method._target_)
+        if not isinstance(knob_spec, Float) or spec.knob not in build_rule(method).params():
+            raise ConfigError(f"{where}.knob={spec.knob!r} must be a real-valued hyper-parameter of method={name} "
+                              f"(it has {sorted(build_rule(method).params())})")
+        if not spec.lo < spec.hi:
+            raise ConfigError(f"{where}: need lo < hi, got lo={spec.lo}, hi={spec.hi}")
+        if spec.log_scale and spec.lo <= 0:
+            raise ConfigError(f"{where}: log_scale=true needs lo > 0, got lo={spec.lo}")
+        for end in (spec.lo, spec.hi):
+            try:
+                validate(run_config(cfg, rule_method(name, spec, end), Path(cfg.run_dir)))
+            except ConfigError as err:
+                raise ConfigError(f"{where} at {spec.knob}={end:g}: {err}") from None
+
+
+def records_by_key(run_dir: Path) -> dict[tuple[str, int], dict[str, Any]]:
+    return {(r["prompt_id"], r["sample"]): r for r in load_records(run_dir)}
+
+
+def ensure_run(cfg: DictConfig) -> dict[str, Any]:
+    """Generate (resumes; a finished run generates nothing) and evaluate unless ``metrics.json`` is newer than
+    every records file; returns the run's metrics.json."""
+    from csd.evaluation import evaluate_run
+    from csd.pipeline import generate_run
+
+    run_dir = generate_run(cfg)
+    metrics = run_dir / METRICS_FILE
+    newest = max(p.stat().st_mtime for p in record_files(run_dir))
+    if metrics.exists() and metrics.stat().st_mtime > newest:
+        return json.loads(metrics.read_text())
+    return evaluate_run(run_dir, cfg)
+
+
+class Calibrator:
+    """Step compression of a method on the first ``n`` prompts (all samples, the runs' own seeds), decoded by one
+    engine per knob value on one adapter loaded for the whole study; a knob value is measured once."""
+
+    def __init__(self, cfg: DictConfig, n: int) -> None:
+        from csd.pipeline import image_seed
+
+        prompts = load_prompts(cfg.dataset)[:n]
+        self.cfg = cfg
+        self.requests = [(p.text, image_seed(cfg.seed, i, s)) for i, p in enumerate(prompts)
+                         for s in range(cfg.dataset.samples_per_prompt)]
+        self.keys = [(p.prompt_id, s) for p in prompts for s in range(cfg.dataset.samples_per_prompt)]
+        self._adapter = None
+
+    def compression(self, method: DictConfig) -> float:
+        """Mean per-image step compression (tokens / NFE), the definition of ``metrics.json``'s ``step_compression``."""
+        from csd.engine import JacobiEngine, Request
+
+        if self._adapter is None:
+            self._adapter = build_adapter(self.cfg.model, resolve_device(self.cfg.device), self.cfg.engine)
+        engine = JacobiEngine(self._adapter, build_rule(method), **engine_args(method), pad_window=self.cfg.engine.compile,
+                              batch_size=self.cfg.engine.batch_size)
+        gens = [gen for _, gen in engine.generate_many(Request(text, seed) for text, seed in self.requests)]
+        return float(np.mean([g.step_compression for g in gens]))
+
+
+def calibrate(cfg: DictConfig, name: str, reference: float, calibrator: Calibrator, root: Path) -> list[KnobMatch]:
+    """One :class:`KnobMatch` per ``study.targets`` gain (target = gain x ``reference``, SJD's compression on the
+    calibration prompts), cached in ``<root>/study_calibration.json`` under everything that determines it."""
+    spec, study = cfg.study.rules[name], cfg.study
+    key = json.dumps({"rule": name, **OmegaConf.to_container(spec), "targets": list(study.targets),
+                      "prompts": calibrator.keys, "reference": reference, "tol": study.tol, "max_evals": study.max_evals,
+                      "model": OmegaConf.to_container(cfg.model), "seed": cfg.seed}, sort_keys=True)
+    path = root / CALIBRATION_FILE
+    cache = json.loads(path.read_text()) if path.exists() else {}
+    if key in cache:
+        return [KnobMatch(**m) for m in cache[key]]
+    measured: dict[float, float] = {}
+
+    def measure(knob: float) -> float:
+        if knob not in measured:
+            measured[knob] = calibrator.compression(rule_method(name, spec, knob))
+            log.info("calibration %s %s=%.4g: compression %.3f (SJD %.3f)", name, spec.knob, knob, measured[knob], reference)
+        return measured[knob]
+
+    matches = [match_compression(measure, gain * reference, spec.lo, spec.hi, increasing=spec.increasing,
+                                 log_scale=spec.log_scale, tol=study.tol, max_evals=study.max_evals)
+               for gain in study.targets]
+    cache = json.loads(path.read_text()) if path.exists() else {}
+    cache[key] = [asdict(m) for m in matches]
+    path.write_text(json.dumps(cache, indent=1))
+    return matches
+
+
+def unmatched(match: KnobMatch, tol: float) -> str:
+    """Why a target got no run: outside what the bracket's ends reach, or not hit within ``tol`` (measured
+    compression is noisy, and not monotone on few prompts) in the evaluations allowed."""
+    ends = [c for _, c in match.evaluations[:2]]
+    if not min(ends) < match.target < max(ends):
+        return "unreachable"
+    return f"not matched within tol={tol:g} after {len(match.evaluations)} evaluations"
+
+
+def run_name(name: str, gain: float) -> str:
+    return f"{name}_x{gain:.2f}"
+
+
+def run_study(cfg: DictConfig) -> Path:
+    """Run the study into ``cfg.sweep_dir`` or ``cfg.run_dir``; returns ``<root>/study``."""
+    validate(cfg)
+    check_study(cfg)
+    root = Path(cfg.sweep_dir or cfg.run_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    runs: dict[str, dict[str, Any]] = {}
+    for ref in ("ar", "sjd"):
+        runs[ref] = {"metrics": ensure_run(run_config(cfg, method_config(ref, {}), root / ref)), "dir": root / ref}
+    calibrator = Calibrator(cfg, cfg.study.calibration_prompts)
+    sjd_records = records_by_key(root / "sjd")
+    reference = float(np.mean([sjd_records[k]["step_compression"] for k in calibrator.keys]))
+    rules: dict[str, list[dict[str, Any]]] = {}
+    for name, spec in cfg.study.rules.items():
+        rules[name] = []
+        for gain, match in zip(cfg.study.targets, calibrate(cfg, name, reference, calibrator, root), strict=True):
+            entry: dict[str, Any] = {"gain": gain, "knob": spec.knob, "calibration": asdict(match)}
+            if match.reachable:
+                run_dir = root / run_name(name, gain)
+                metrics = ensure_run(run_config(cfg, rule_method(name, spec, match.knob), run_dir))
+                runs[run_dir.name] = {"metrics": metrics, "dir": run_dir}
+                entry["run"] = run_dir.name
+            else:
+                entry["unmatched"] = unmatched(match, cfg.study.tol)
+                log.warning("%s: x%.2f SJD's compression (%.3f) %s in %s=[%g, %g]; closest %.3f at %s=%.4g", name, gain,
+                            match.target, entry["unmatched"], spec.knob, spec.lo, spec.hi, match.compression, spec.knob,
+                            match.knob)
+            rules[name].append(entry)
+    return write_analysis(cfg, root, runs, rules, reference)
+
+
+# ----------------------------------------------------------------------------------------------------- analysis
+
+
+def quality_row(metrics: dict[str, Any], categories: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """``{metric: {value, interval}}`` for step compression, scene accuracy per category, toy-CLIP and FID."""
+    names = ["step_compression", *(f"scene_acc_{c}" for c in categories), *QUALITY]
+    m, iv = metrics["metrics"], metrics.get("intervals", {})
+    return {n: {"value": m.get(n, math.nan), "interval": iv.get(n)} for n in names}
+
+
+def region_map(image: np.ndarray, record: dict[str, Any], scene_key: str | None) -> np.ndarray:
+    """``[rows, cols]`` region names of an image: object cells from its segmentation, else its scene's background kind."""
+    from csd.evaluation.toy import scene_of
+    from csd.toy import checker
+
+    obj = region_grid(np.asarray(checker.segment(image)), record["grid"])
+    return region_labels(obj, checker.background_kind(scene_of(record, scene_key)))
+
+
+class Images:
+    """Per run directory and (prompt_id, sample): the image, its region map and its scene check (each made once)."""
+
+    def __init__(self, scene_key: str | None) -> None:
+        self.scene_key = scene_key
+        self._cache: dict[tuple[Path, str, int], tuple[np.ndarray, dict[str, Any]]] = {}
+
+    def of(self, run_dir: Path, record: dict[str, Any]) -> tuple[np.ndarray, dict[str, Any]]:
+        from csd.evaluation.images import load_rgb
+        from csd.evaluation.toy import scene_of
+        from csd.toy import checker
+
+        key = (run_dir, record["prompt_id"], record["sample"])
+        if key not in self._cache:
+            image = np.asarray(load_rgb(run_dir / record["image"]))
+            self._cache[key] = (region_map(image, record, self.scene_key),
+                                checker.check_image(image, scene_of(record, self.scene_key)))
+        return self._cache[key]
+
+
+def attribution(run_dir: Path, sjd_dir: Path, images: Images, categories: Sequence[str]) -> dict[str, dict[str, float]]:
+    """:func:`failure_cost` of a relaxed run against SJD on the same (prompt_id, sample): regions of SJD's image,
+    first differing token = causal origin (csd.evaluation.attribution)."""
+    sjd = records_by_key(sjd_dir)
+    pairs = []
+    for rec in load_records(run_dir):
+        ref = sjd[(rec["prompt_id"], rec["sample"])]
+        regions, ref_check = images.of(sjd_dir, ref)
+        _, check = images.of(run_dir, rec)
+        div = divergence(on_grid(ref, "tokens"), on_grid(rec, "tokens"), regions)
+        pairs.append(PairOutcome(on_grid(rec, "commit_kind"), regions, div, ref_check, check))
+    return failure_cost(pairs, categories)
+
+
+def entropy_by_region(run_dir: Path, images: Images, edges: np.ndarray) -> dict[str, dict[str, list]]:
+    """Histogram (``edges``, counts, density) of a run's target entropy per region of its own images."""
+    values: dict[str, list[np.ndarray]] = {reg: [] for reg in REGIONS}
+    for rec in load_records(run_dir):
+        regions, _ = images.of(run_dir, rec)
+        ent = on_grid(rec, "entropy").astype(float)
+        for reg in REGIONS:
+            values[reg].append(ent[regions == reg])
+    out = {}
+    for reg, parts in values.items():
+        x = np.concatenate(parts) if parts else np.zeros(0)
+        counts = np.histogram(x, bins=edges)[0]
+        out[reg] = {"edges": edges.tolist(), "count": counts.tolist(), "n": int(x.size),
+                    "mean": float(x.mean()) if x.size else math.nan}
+    return out
+
+
+def write_analysis(cfg: DictConfig, root: Path, runs: dict[str, dict[str, Any]], rules: dict[str, list[dict[str, Any]]],
+                   reference: float) -> Path:
+    """``<root>/study/``: study.json, study.md and the four figures (docs/EVALUATION.md#matched-compression-study)."""
+    out = root / "study"
+    out.mkdir(exist_ok=True)
+    t = cfg.eval.toy
+    categories = list(t.categories)
+    scene_key = t.scene_key
+    images = Images(scene_key)
+    vocab = json.loads((root / "ar" / "run.json").read_text())["model_info"]["vocab_size"]
+    edges = np.linspace(0.0, math.log(vocab), cfg.eval.content.entropy_bins + 1)
+    for entries in rules.values():
+        for entry in entries:
+            if "run" not in entry:
+                continue
+            run = runs[entry["run"]]
+            content = run["metrics"].get("content", {})
+            entry["quality"] = quality_row(run["metrics"], categories)
+            entry["relaxed_by_region"] = content.get("regions")
+            entry["relaxed_by_entropy"] = content.get("acceptance_by_entropy")
+            entry["cost_by_region"] = attribution(run["dir"], root / "sjd", images, categories)
+    study = {
+        "sjd_compression_calibration": reference,
+        "targets": list(cfg.study.targets),
+        "references": {ref: quality_row(runs[ref]["metrics"], categories) for ref in ("ar", "sjd")},
+        "ar_entropy_by_region": entropy_by_region(root / "ar", images, edges),
+        "rules": rules,
+    }
+    (out / "study.json").write_text(json.dumps(study, indent=1, default=float))
+    (out / "study.md").write_text(markdown(study, categories))
+    figures(study, out, categories)
+    return out
+
+
+def fmt(cell: dict[str, Any], digits: int = 3) -> str:
+    v, iv = cell["value"], cell["interval"]
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "n/a"
+    return f"{v:.{digits}f} [{iv[0]:.{digits}f}, {iv[1]:.{digits}f}]" if iv else f"{v:.{digits}f}"
+
+
+def markdown(study: dict[str, Any], categories: Sequence[str]) -> str:
+    """study.md: one table of quality at matched compression, one of where relaxed acceptances land and cost."""
+    names = ["step_compression", *(f"scene_acc_{c}" for c in categories), *QUALITY]
+    lines = ["# Matched-compression study", "",
+             f"SJD's step compression on the calibration prompts: {study['sjd_compression_calibration']:.3f}. "
+             "Values are point estimates with 95 % intervals over prompts (docs/EVALUATION.md).", "",
+             "| rule | target | knob | " + " | ".join(names) + " |", "|" + "---|" * (3 + len(names))]
+    for ref, row in study["references"].items():
+        lines.append(f"| {ref} | | | " + " | ".join(fmt(row[n]) for n in names) + " |")
+    for rule, entries in study["rules"].items():
+        for e in entries:
+            knob = f"{e['knob']}={e['calibration']['knob']:.4g}"
+            if "run" in e:
+                lines.append(f"| {rule} | x{e['gain']:.2f} | {knob} | " + " | ".join(fmt(e["quality"][n]) for n in names) + " |")
+            else:
+                lines.append(f"| {rule} | x{e['gain']:.2f} | {knob} | {e['unmatched']}: calibration reached "
+                             f"{e['calibration']['compression']:.3f} for target {e['calibration']['target']:.3f} |"
+                             + " |" * (len(names) - 1))
+    head = ["rule", "target", *(f"relaxed rate {r}" for r in REGIONS), *(f"cost overall {r}" for r in REGIONS)]
+    lines += ["", "Relaxed acceptances per region (share of the region's positions) and their cost: scene failures "
+              "(overall) charged to the region of the first token that differs from SJD, per relaxed acceptance there.", "",
+              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for rule, entries in study["rules"].items():
+        for e in (e for e in entries if "run" in e):
+            regions = e["relaxed_by_region"] or {}
+            rates = [f"{regions.get(r, {}).get('relaxed_rate', math.nan):.4f}" for r in REGIONS]
+            costs = [f"{e['cost_by_region'][r].get('cost_overall', math.nan):.4f}" for r in REGIONS]
+            lines.append(f"| {rule} | x{e['gain']:.2f} | " + " | ".join(rates + costs) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _err(cell: dict[str, Any]) -> tuple[float, float]:
+    v, iv = cell["value"], cell["interval"]
+    return (v - iv[0], iv[1] - v) if iv else (0.0, 0.0)
+
+
+def figures(study: dict[str, Any], out: Path, categories: Sequence[str]) -> None:
+    """quality_vs_compression.png, relaxed_by_region.png, entropy_by_region_ar.png, cost_by_region.png."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [("scene_acc_overall" if "overall" in categories else f"scene_acc_{categories[0]}", "scene accuracy"),
+              ("clip_score", "toy-CLIP score"), ("fid", "toy FID")]
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4))
+    for ax, (metric, label) in zip(axes, panels, strict=True):
+        for ref, marker in (("ar", "s"), ("sjd", "D")):
+            x, y = study["references"][ref]["step_compression"], study["references"][ref][metric]
+            xe, ye = _err(x), _err(y)
+            ax.errorbar([x["value"]], [y["value"]], xerr=[[xe[0]], [xe[1]]], yerr=[[ye[0]], [ye[1]]], capsize=3,
+                        fmt=marker, color="black" if ref == "sjd" else "grey", label=ref)
+        for rule, entries in study["rules"].items():
+            rows = sorted((e["quality"] for e in entries if "run" in e), key=lambda q: q["step_compression"]["value"])
+            if not rows:
+                continue
+            xs = [r["step_compression"]["value"] for r in rows]
+            ys = [r[metric]["value"] for r in rows]
+            xerr = np.array([_err(r["step_compression"]) for r in rows]).T
+            yerr = np.array([_err(r[metric]) for r in rows]).T
+            ax.errorbar(xs, ys, xerr=xerr, yerr=yerr, fmt="-o", capsize=3, label=rule)
+        ax.set_xlabel("step compression (tokens / NFE)")
+        ax.set_ylabel(label)
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "quality_vs_compression.png", dpi=120)
+    plt.close(fig)
+
+    done = [(f"{rule} x{e['gain']:.2f}", e) for rule, entries in study["rules"].items() for e in entries if "run" in e]
+    for name, value, ylabel in (
+        ("relaxed_by_region", lambda e, r: (e["relaxed_by_region"] or {}).get(r, {}).get("relaxed_rate", math.nan),
+         "relaxed acceptances / positions"),
+        ("cost_by_region", lambda e, r: e["cost_by_region"][r].get("cost_overall", math.nan),
+         "scene failures (overall) / relaxed acceptance"),
+    ):
+        fig, ax = plt.subplots(figsize=(max(5, 1.2 * len(done) + 2), 4))
+        width = 0.8 / len(REGIONS)
+        for j, reg in enumerate(REGIONS):
+            ax.bar(np.arange(len(done)) + j * width, [value(e, reg) for _, e in done], width, label=reg)
+        ax.set_xticks(np.arange(len(done)) + width, [label for label, _ in done], rotation=45, ha="right", fontsize=7)
+        ax.set_ylabel(ylabel)
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(out / f"{name}.png", dpi=120)
+        plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for reg, hist in study["ar_entropy_by_region"].items():
+        if hist["n"]:
+            edges = np.asarray(hist["edges"])
+            ax.stairs(np.asarray(hist["count"]) / hist["n"] / np.diff(edges), edges, label=f"{reg} (n={hist['n']})")
+    ax.set_xlabel("target entropy H(q) (nats)")
+    ax.set_ylabel("density")
+    ax.set_title("AR: target entropy per region")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "entropy_by_region_ar.png", dpi=120)
+    plt.close(fig)
+

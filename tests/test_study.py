@@ -1,0 +1,130 @@
+"""stage=study (issue #17) on the toy model, at a tiny size: end to end, resumable, unreachable targets reported,
+bad study configs refused in one line before any model loads."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from csd import study
+from csd.cli import run_stages
+from csd.config import CONF_DIR, ConfigError
+from csd.records import RECORDS_FILE
+from tests.test_eval_fixtures import REPO
+
+RULES = {
+    "csd": {"knob": "lam", "lo": 0.01, "hi": 30.0, "increasing": True, "log_scale": True, "overrides": {"delta": 1.0}},
+    "addition": {"knob": "c", "lo": 0.001, "hi": 0.5, "increasing": True, "log_scale": True, "overrides": {}},
+}
+
+
+def study_cfg(root: Path, *overrides: str, rules: dict | None = None) -> DictConfig:
+    """experiment=entropy_study at a tiny size: 4 prompts, csd and addition (``rules``), x1.25 (reachable) and x50
+    (not); ``overrides`` apply to the tiny study."""
+    args = ["experiment=entropy_study", "dataset.n_prompts=4", "engine.batch_size=4", "engine.progress=false",
+            "study.targets=[1.25,50.0]", "study.calibration_prompts=4", "study.max_evals=6",
+            "study.tol=0.1", "eval.bootstrap=50", f"eval.fid.cache_dir={root / 'cache'}"]
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=args)
+    with open_dict(cfg):
+        cfg.run_dir = str(root / "study")
+        cfg.study.rules = OmegaConf.create(rules or RULES)
+    for override in overrides:
+        key, value = override.split("=", 1)
+        OmegaConf.update(cfg, key, yaml.safe_load(value), force_add=True)
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("study")
+    run_stages(study_cfg(root))
+    return root / "study"
+
+
+def test_study_runs_end_to_end(finished: Path) -> None:
+    out = finished / "study"
+    for name in ("study.json", "study.md", "quality_vs_compression.png", "relaxed_by_region.png",
+                 "entropy_by_region_ar.png", "cost_by_region.png"):
+        assert (out / name).stat().st_size > 0, name
+    result = json.loads((out / "study.json").read_text())
+    sjd = result["references"]["sjd"]["step_compression"]["value"]
+    for rule in ("csd", "addition"):
+        reachable, unreachable = result["rules"][rule]
+        assert reachable["run"] == f"{rule}_x1.25" and (finished / reachable["run"] / "metrics.json").exists()
+        quality = reachable["quality"]
+        # calibrated on all 4 prompts with the runs' seeds: the run's images are the calibration's, and land in tol
+        assert quality["step_compression"]["value"] == pytest.approx(reachable["calibration"]["compression"], rel=1e-12)
+        assert quality["step_compression"]["value"] == pytest.approx(1.25 * sjd, rel=0.1)
+        for name in ("scene_acc_object", "scene_acc_overall", "clip_score", "fid"):
+            lo, hi = quality[name]["interval"]
+            assert lo <= quality[name]["value"] <= hi, name
+        # every relaxed acceptance of the run is counted in exactly one region of SJD's image
+        records = [json.loads(line) for line in (finished / reachable["run"] / RECORDS_FILE).read_text().splitlines()]
+        relaxed = sum(r["relaxed_accepts"] for r in records)
+        assert relaxed > 0 and sum(c["relaxed"] for c in reachable["cost_by_region"].values()) == relaxed
+        # x50 is out of reach: recorded with the compression reached, never run
+        assert "run" not in unreachable and unreachable["unmatched"] == "unreachable"
+        assert unreachable["calibration"]["compression"] < unreachable["calibration"]["target"]
+        assert not (finished / f"{rule}_x50.00").exists()
+    ar = result["ar_entropy_by_region"]
+    assert sum(h["n"] for h in ar.values()) == 4 * 16 * 16  # every AR position of the 4 images, in one region
+    assert "unreachable" in (out / "study.md").read_text()
+
+
+def test_rerun_regenerates_nothing(finished: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    files = [p for p in finished.rglob("*") if p.name in (RECORDS_FILE, "metrics.json", study.CALIBRATION_FILE)]
+    stamps = {p: p.stat().st_mtime_ns for p in files}
+
+    def no_decoding(*args: object) -> float:
+        raise AssertionError("calibration decoded again")
+
+    monkeypatch.setattr(study.Calibrator, "compression", no_decoding)
+    run_stages(study_cfg(finished.parent))
+    assert len(files) == 1 + 2 * 4  # the cache, records and metrics of ar, sjd, csd_x1.25, addition_x1.25
+    assert {p: p.stat().st_mtime_ns for p in files} == stamps
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("study.rules.csd.lo=abc", "study.rules.csd.lo='abc' must be a finite number >= 0"),
+        ("study.rules.foo={knob: c, lo: 0.1, hi: 1.0, increasing: true, log_scale: true, overrides: {}}",
+         "study.rules: unknown method 'foo'"),
+        ("study.rules.csd.knob=c", "study.rules.csd.knob='c' must be a real-valued hyper-parameter of method=csd"),
+        ("study.rules.csd.hi=0.001", "study.rules.csd: need lo < hi"),
+        ("study.rules.csd.overrides.delta=2.0", "study.rules.csd at lam=0.01: method.delta=2.0 must be in [0, 1]"),
+        ("study.targets=[0.9]", "study.targets=[0.9] must be a non-empty list of finite numbers > 1"),
+    ],
+)
+def test_bad_study_config_is_one_line_before_any_model_loads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                             override: str, message: str) -> None:
+    cfg = study_cfg(tmp_path, override)
+
+    def no_model(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr("csd.config.build_adapter", no_model)
+    with pytest.raises(ConfigError, match="^" + message.replace("[", r"\[").replace("(", r"\(")):
+        from csd.config import validate
+
+        validate(cfg)
+        study.check_study(cfg)
+    assert not (tmp_path / "study").exists()
+
+
+def test_cli_refuses_a_bad_study_in_one_line(tmp_path: Path) -> None:
+    out = subprocess.run([sys.executable, str(REPO / "run.py"), "experiment=entropy_study", "study.rules.csd.knob=c",
+                          f"hydra.run.dir={tmp_path}"], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == [
+        "error: study.rules.csd.knob='c' must be a real-valued hyper-parameter of method=csd (it has ['delta', 'entropy_norm', 'lam'])"
+    ]
+    assert not (tmp_path / "ar").exists()
