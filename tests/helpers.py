@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
+from collections.abc import Iterator
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
@@ -97,3 +99,20 @@ def host_reads_per_batched_run(engine, requests, monkeypatch) -> tuple[int, int]
     gens = [gen for _, gen in engine.generate_many(requests)]
     monkeypatch.undo()
     return len(calls), len(iterations) + len(gens)
+
+
+@contextlib.contextmanager
+def active_slots_per_forward(adapter: ModelAdapter) -> Iterator[list[int]]:
+    """The number of active slots of every ``adapter.forward_batch`` call made inside the block."""
+    calls: list[int] = []
+    forward = adapter.forward_batch
+
+    def counting(state, ids, from_prompt, active, **kwargs):
+        calls.append(sum(active))
+        return forward(state, ids, from_prompt, active, **kwargs)
+
+    adapter.forward_batch = counting
+    try:
+        yield calls
+    finally:
+        del adapter.forward_batch

@@ -21,7 +21,12 @@ from csd.adapters.emu3 import tiny_emu3_adapter
 from csd.adapters.janus import tiny_janus_adapter
 from csd.adapters.lumina import tiny_lumina_adapter
 from csd.engine import JacobiEngine, Request
-from tests.helpers import chi_square_pvalue, exact_sequence_distribution, host_reads_per_batched_run
+from tests.helpers import (
+    active_slots_per_forward,
+    chi_square_pvalue,
+    exact_sequence_distribution,
+    host_reads_per_batched_run,
+)
 
 PROMPTS = ["a", "two red circles left of a blue square", "a cat", "a lighthouse on a cliff at sunset, oil painting"]
 
@@ -77,18 +82,8 @@ def test_generate_is_a_batch_of_one(janus):
 def test_refill_keeps_every_slot_busy(janus):
     """5 images through 2 slots: finished rows are refilled, the last partly empty batch finishes."""
     engine = JacobiEngine(janus, SJD(), window=5, batch_size=2)
-    calls = []
-    forward = janus.forward_batch
-
-    def counting(state, ids, from_prompt, active):
-        calls.append(sum(active))
-        return forward(state, ids, from_prompt, active)
-
-    janus.forward_batch = counting
-    try:
+    with active_slots_per_forward(janus) as calls:
         done = [req.key for req, _ in engine.generate_many(requests(5))]
-    finally:
-        del janus.forward_batch
     assert sorted(done) == list(range(5))
     assert calls.count(2) > calls.count(1) > 0  # full batches until the tail, then one row
     assert calls[-1] == 1
@@ -196,21 +191,14 @@ def test_padded_cfg_one_forward_per_iteration(model):
     """6 images through 3 slots: the model runs once per engine iteration for every slot's CFG rows, plus one
     prefill per image; a per-slot loop would need one forward per image and iteration."""
     adapter = PADDED[model](3.0)
-    rows, iterations = [], []
+    rows = []
     hook = adapter.base.register_forward_hook(lambda module, args, kwargs, out: rows.append(kwargs["input_ids"].shape[0]),
                                               with_kwargs=True)
-    forward = adapter.forward_batch
-
-    def counting(state, ids, from_prompt, active):
-        iterations.append(sum(active))
-        return forward(state, ids, from_prompt, active)
-
-    adapter.forward_batch = counting
     try:
-        nfe = [gen.nfe for _, gen in JacobiEngine(adapter, SJD(), window=4, batch_size=3).generate_many(requests(6))]
+        with active_slots_per_forward(adapter) as iterations:
+            nfe = [gen.nfe for _, gen in JacobiEngine(adapter, SJD(), window=4, batch_size=3).generate_many(requests(6))]
     finally:
         hook.remove()
-        del adapter.forward_batch
     assert len(rows) == len(iterations) + 6
     assert rows.count(6) == len(iterations) and rows.count(2) == 6  # [3 slots x 2 rows] per iteration, [2] per prefill
     assert sum(iterations) == sum(nfe) > len(iterations)
