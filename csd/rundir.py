@@ -69,8 +69,11 @@ def _digest(keys: dict[str, Any]) -> str:
 
 
 #: keys added to the configs after runs were made, with the value those runs used without naming it
-#: (``dataset.caption_rule``: COCO configs only, the loader's one rule before the option)
-ADDED_KEYS = {"method.draft_record": "onehot", "dataset.caption_rule": "longest"}
+#: (``dataset.caption_rule``: COCO configs only, the loader's one rule before the option; the tree keys: chain windows)
+ADDED_KEYS = {
+    "method.draft_record": "onehot", "method.tree_width": 1, "method.tree_depth": 1, "method.pac_code_parity": False,
+    "dataset.caption_rule": "longest",
+}
 
 
 def stored_fingerprint(run_dir: Path, new: dict[str, Any]) -> dict[str, Any] | None:

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from omegaconf import open_dict
+from omegaconf import OmegaConf, open_dict
 
 from csd.cli import run_stages
 from csd.config import ConfigError
@@ -18,9 +18,9 @@ from csd.evaluation.context import EvalContext
 from csd.lockfile import FileLock, LockHeldError
 from csd.pipeline import generate_run
 from csd.records import RECORDS_FILE, REJECTED_FILE, RecordsError, image_readable, load_records
-from csd.rundir import FINGERPRINT_FILE, LOCK_FILE, stored_fingerprint
+from csd.rundir import ADDED_KEYS, FINGERPRINT_FILE, LOCK_FILE, stored_fingerprint
 from tests.test_config import make_cfg
-from tests.test_eval_fixtures import eval_cfg, make_run
+from tests.test_eval_fixtures import REPO, eval_cfg, make_run
 
 HOST = socket.gethostname()
 
@@ -202,3 +202,24 @@ def test_keys_added_later_take_their_implicit_value_where_the_config_has_them(tm
     assert stored_fingerprint(tmp_path, coco) == coco
     assert stored_fingerprint(tmp_path, {"seed": 0, "method.draft_record": "onehot"}) == {"seed": 0, "method.draft_record": "onehot"}
     assert stored_fingerprint(tmp_path, {"seed": 0, "dataset.caption_rule": "sjd"}) != {"seed": 0, "dataset.caption_rule": "sjd"}
+
+
+def test_method_keys_with_a_default_are_known_to_older_fingerprints() -> None:
+    """A method key added with a non-null default would make every older run directory refuse to resume (its
+    fingerprint lacks the key): such keys must be in ADDED_KEYS with the value older runs used."""
+    keys = OmegaConf.load(REPO / "conf" / "method_keys.yaml")
+    fingerprinted_from_the_start = {"window", "init", "coupling"}
+    defaulted = {k for k, v in keys.items() if v is not None} - fingerprinted_from_the_start
+    assert {f"method.{k}" for k in defaulted} <= set(ADDED_KEYS)
+    assert all(ADDED_KEYS[f"method.{k}"] == keys[k] for k in defaulted)
+
+
+def test_run_made_before_the_tree_keys_resumes(tmp_path, monkeypatch):
+    generate_run(tiny_cfg(tmp_path))
+    path = tmp_path / FINGERPRINT_FILE
+    stored = json.loads(path.read_text())
+    for key in ("method.tree_width", "method.tree_depth", "method.pac_code_parity", "method.draft_record"):
+        stored["keys"].pop(key)
+    path.write_text(json.dumps(stored))
+    no_model_load(monkeypatch)
+    generate_run(tiny_cfg(tmp_path))  # nothing to do: accepted without loading the model
