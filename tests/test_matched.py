@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import math
-
 import pytest
 
-from csd.report.matched import match_compression, value_at
+from csd.report.matched import match_compression
 
 
 def sjd_plus(lam: float) -> float:
@@ -55,10 +53,3 @@ def test_bad_brackets() -> None:
     with pytest.raises(ValueError, match="lo > 0"):
         match_compression(sjd_plus, 4.0, 0.0, 1.0)
 
-
-def test_value_at_interpolates_between_bracketing_runs_only() -> None:
-    comps, fids = [3.5, 4.5, 4.0], [10.0, 20.0, 12.0]  # unsorted input
-    assert value_at(comps, fids, 4.25) == pytest.approx(16.0)
-    assert value_at(comps, fids, 4.0) == pytest.approx(12.0)
-    assert math.isnan(value_at(comps, fids, 5.0))
-    assert math.isnan(value_at([], [], 4.0))

@@ -1,5 +1,5 @@
 """Matched-compression comparison of relaxed rules (issue #17): find the knob value at which a rule reaches a
-target step compression, and read a quality metric off a rule's (compression, quality) curve at that point.
+target step compression (the study then runs the rule at that knob, csd/study.py).
 
 A relaxed rule has one knob that trades quality for compression (CSD's ``lam``, Addition's ``c``, Amplify's
 ``k``, ...). Compression is assumed monotone in the knob over the searched bracket (increasing, or decreasing
@@ -11,10 +11,8 @@ compression that was reached, never extrapolated.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
-
-import numpy as np
 
 
 @dataclass
@@ -73,16 +71,3 @@ def match_compression(
     best = min(evals, key=lambda e: abs(e[1] - target))
     return KnobMatch(target, best[0], best[1], abs(best[1] / target - 1) <= tol, evals)
 
-
-def value_at(compressions: Sequence[float], values: Sequence[float], target: float) -> float:
-    """A metric linearly interpolated at ``target`` compression between the two bracketing runs of one rule.
-
-    NaN when no two runs bracket ``target`` (the rule was not measured on both sides; no extrapolation).
-    """
-    c = np.asarray(compressions, dtype=float)
-    v = np.asarray(values, dtype=float)
-    order = np.argsort(c, kind="stable")
-    c, v = c[order], v[order]
-    if c.size == 0 or target < c[0] or target > c[-1]:
-        return math.nan
-    return float(np.interp(target, c, v))
