@@ -38,8 +38,10 @@ from csd.config import (
 from csd.evaluation import METRICS_FILE
 from csd.evaluation.attribution import REGIONS, PairOutcome, divergence, failure_cost, region_labels
 from csd.evaluation.content import on_grid, region_grid
+from csd.evaluation.intervals import paired
 from csd.records import load_records, record_files
-from csd.report.matched import KnobMatch, match_compression
+from csd.report.collect import load_run
+from csd.report.matched import KnobMatch, bracketing_mixture, match_compression
 from csd.schema import ByTarget, Float
 
 log = logging.getLogger(__name__)
@@ -275,6 +277,31 @@ def attribution(run_dir: Path, sjd_dir: Path, images: Images, categories: Sequen
     return failure_cost(pairs, categories)
 
 
+def at_targets(root: Path, entries: Sequence[dict[str, Any]], targets: Sequence[float], names: Sequence[str],
+                n_boot: int) -> list[dict[str, Any]]:
+    """Quality at exactly ``gain`` x SJD's step compression on the full prompt set: the mixture of the two measured
+    operating points that bracket it (SJD is every rule's lossless end; :func:`bracketing_mixture`), each per-image
+    mean metric ``w * run_a + (1 - w) * run_b`` with one prompt resample for both runs (paired bootstrap). FID is
+    not a per-image mean, so it has no mixture value. A target beyond the rule's furthest run is ``outside``."""
+    points = {"sjd": load_run(root / "sjd"), **{e["run"]: load_run(root / e["run"]) for e in entries if "run" in e}}
+    labels, comps = list(points), [points[n]["metrics"]["step_compression"] for n in points]
+    out = []
+    for gain in targets:
+        target = gain * comps[0]
+        found = bracketing_mixture(target, comps)
+        if found is None:
+            out.append({"gain": gain, "target": target, "outside": [min(comps), max(comps)]})
+            continue
+        i, j, w = found
+        a, b = points[labels[i]]["per_image"], points[labels[j]]["per_image"]
+        quality = {}
+        for name in names:
+            cmp = paired(a, b, name, n_boot, lambda x, y, w=w: w * x + (1 - w) * y)
+            quality[name] = {"value": cmp.value if cmp else math.nan, "interval": cmp.interval if cmp else None}
+        out.append({"gain": gain, "target": target, "mixture": {labels[i]: w, labels[j]: 1 - w}, "quality": quality})
+    return out
+
+
 def entropy_by_region(run_dir: Path, images: Images, edges: np.ndarray) -> dict[str, dict[str, list]]:
     """Histogram (``edges``, counts, density) of a run's target entropy per region of its own images."""
     values: dict[str, list[np.ndarray]] = {reg: [] for reg in REGIONS}
@@ -313,12 +340,15 @@ def write_analysis(cfg: DictConfig, root: Path, runs: dict[str, dict[str, Any]],
             entry["relaxed_by_region"] = content.get("regions")
             entry["relaxed_by_entropy"] = content.get("acceptance_by_entropy")
             entry["cost_by_region"] = attribution(run["dir"], root / "sjd", images, categories)
+    mixed = ["step_compression", *(f"scene_acc_{c}" for c in categories), "clip_score"]
     study = {
         "sjd_compression_calibration": reference,
         "targets": list(cfg.study.targets),
         "references": {ref: quality_row(runs[ref]["metrics"], categories) for ref in ("ar", "sjd")},
         "ar_entropy_by_region": entropy_by_region(root / "ar", images, edges),
         "rules": rules,
+        "at_targets": {name: at_targets(root, entries, cfg.study.targets, mixed, cfg.eval.bootstrap)
+                       for name, entries in rules.items()},
     }
     (out / "study.json").write_text(json.dumps(study, indent=1, default=float))
     (out / "study.md").write_text(markdown(study, categories))
@@ -351,6 +381,21 @@ def markdown(study: dict[str, Any], categories: Sequence[str]) -> str:
                 lines.append(f"| {rule} | x{e['gain']:.2f} | {knob} | {e['unmatched']}: calibration reached "
                              f"{e['calibration']['compression']:.3f} for target {e['calibration']['target']:.3f} |"
                              + " |" * (len(names) - 1))
+    mixed = [n for n in names if n != "fid"]
+    lines += ["", "Quality at exactly the target step compression on the full prompt set (gain x SJD's "
+              f"{study['references']['sjd']['step_compression']['value']:.3f}): the mixture of the two runs that bracket "
+              "it (SJD is every rule's lossless end), weights in `mix`; paired 95 % intervals. FID is not a per-image "
+              "mean and has no mixture value.", "",
+              "| rule | target | mix | " + " | ".join(mixed) + " |", "|" + "---|" * (3 + len(mixed))]
+    for rule, cells in study["at_targets"].items():
+        for c in cells:
+            if "outside" in c:
+                lines.append(f"| {rule} | x{c['gain']:.2f} = {c['target']:.3f} | beyond the rule's runs "
+                             f"({c['outside'][0]:.3f}-{c['outside'][1]:.3f}) |" + " |" * len(mixed))
+                continue
+            mix = " + ".join(f"{w:.2f} {run}" for run, w in c["mixture"].items() if w > 0)
+            lines.append(f"| {rule} | x{c['gain']:.2f} = {c['target']:.3f} | {mix} | "
+                         + " | ".join(fmt(c["quality"][n]) for n in mixed) + " |")
     head = ["rule", "target", *(f"relaxed rate {r}" for r in REGIONS), *(f"cost overall {r}" for r in REGIONS)]
     lines += ["", "Relaxed acceptances per region (share of the region's positions) and their cost: scene failures "
               "(overall) charged to the region of the first token that differs from SJD, per relaxed acceptance there.", "",
@@ -386,9 +431,11 @@ def figures(study: dict[str, Any], out: Path, categories: Sequence[str]) -> None
             ax.errorbar([x["value"]], [y["value"]], xerr=[[xe[0]], [xe[1]]], yerr=[[ye[0]], [ye[1]]], capsize=3,
                         fmt=marker, color="black" if ref == "sjd" else "grey", label=ref)
         for rule, entries in study["rules"].items():
-            rows = sorted((e["quality"] for e in entries if "run" in e), key=lambda q: q["step_compression"]["value"])
+            rows = [e["quality"] for e in entries if "run" in e]
             if not rows:
                 continue
+            # SJD is every rule's lossless end; a segment between two points is attainable by mixing the two runs
+            rows = sorted([study["references"]["sjd"], *rows], key=lambda q: q["step_compression"]["value"])
             xs = [r["step_compression"]["value"] for r in rows]
             ys = [r[metric]["value"] for r in rows]
             xerr = np.array([_err(r["step_compression"]) for r in rows]).T

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from csd.report.matched import match_compression
+from csd.report.matched import bracketing_mixture, match_compression
 
 
 def sjd_plus(lam: float) -> float:
@@ -53,3 +53,20 @@ def test_bad_brackets() -> None:
     with pytest.raises(ValueError, match="lo > 0"):
         match_compression(sjd_plus, 4.0, 0.0, 1.0)
 
+
+
+def test_bracketing_mixture_hits_the_target_exactly() -> None:
+    c = [3.2, 5.1, 3.9, 4.4]  # unsorted, as measured
+    for target in (3.5, 3.9, 4.0, 5.0):
+        i, j, w = bracketing_mixture(target, c)
+        assert c[i] <= target <= c[j]
+        assert w * c[i] + (1 - w) * c[j] == pytest.approx(target)
+        assert sorted(c).index(c[j]) == sorted(c).index(c[i]) + 1  # neighbours, not any bracketing pair
+    assert bracketing_mixture(3.2, c)[2] == 1.0
+
+
+def test_bracketing_mixture_never_extrapolates() -> None:
+    assert bracketing_mixture(3.1, [3.2, 5.1]) is None
+    assert bracketing_mixture(5.2, [3.2, 5.1]) is None
+    assert bracketing_mixture(3.2, [3.2]) == (0, 0, 1.0)
+    assert bracketing_mixture(3.3, []) is None

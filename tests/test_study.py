@@ -77,6 +77,9 @@ def test_study_runs_end_to_end(finished: Path) -> None:
     ar = result["ar_entropy_by_region"]
     assert sum(h["n"] for h in ar.values()) == 4 * 16 * 16  # every AR position of the 4 images, in one region
     assert "unreachable" in (out / "study.md").read_text()
+    # x50 lies beyond every rule's runs: no mixture, never extrapolated
+    assert all(cells[1]["outside"] for cells in result["at_targets"].values())
+    assert "Quality at exactly the target step compression" in (out / "study.md").read_text()
 
 
 def test_rerun_regenerates_nothing(finished: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -128,3 +131,28 @@ def test_cli_refuses_a_bad_study_in_one_line(tmp_path: Path) -> None:
         "error: study.rules.csd.knob='c' must be a real-valued hyper-parameter of method=csd (it has ['delta', 'entropy_norm', 'lam'])"
     ]
     assert not (tmp_path / "ar").exists()
+
+
+def test_quality_at_exact_targets_mixes_the_bracketing_runs(tmp_path: Path) -> None:
+    """Each target is met exactly by mixing the two runs on either side of it (SJD is every rule's lossless end):
+    per-image means mix with the weight that gives the target's compression; beyond the furthest run: outside."""
+    compression = {"sjd": [3.0, 3.0, 3.0, 3.0], "r_x1.10": [4.0, 4.0, 4.0, 4.0], "r_x1.50": [5.0, 7.0, 6.0, 6.0]}
+    scene = {"sjd": [1, 1, 1, 0], "r_x1.10": [1, 0, 1, 0], "r_x1.50": [0, 0, 1, 0]}
+    for run, values in compression.items():
+        (tmp_path / run).mkdir()
+        (tmp_path / run / "metrics.json").write_text(json.dumps({"metrics": {"step_compression": sum(values) / 4}}))
+        rows = [{"prompt_id": f"p{i}", "sample": 0, "step_compression": c, "scene_overall": bool(s)}
+                for i, (c, s) in enumerate(zip(values, scene[run], strict=True))]
+        (tmp_path / run / "per_image.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    entries = [{"run": "r_x1.10"}, {"run": "r_x1.50"}, {"unmatched": "unreachable"}]
+    low, high, beyond = study.at_targets(tmp_path, entries, [1.1, 1.5, 3.0], ["step_compression", "scene_acc_overall"],
+                                         n_boot=200)
+    assert low["mixture"] == pytest.approx({"sjd": 0.7, "r_x1.10": 0.3})  # 0.7 * 3 + 0.3 * 4 = 3.3
+    assert high["mixture"] == pytest.approx({"r_x1.10": 0.75, "r_x1.50": 0.25})  # 0.75 * 4 + 0.25 * 6 = 4.5
+    for cell, gain in ((low, 1.1), (high, 1.5)):
+        assert cell["quality"]["step_compression"]["value"] == pytest.approx(gain * 3.0)
+    assert low["quality"]["step_compression"]["interval"] == pytest.approx([3.3, 3.3])  # constant per image
+    assert high["quality"]["scene_acc_overall"]["value"] == pytest.approx(0.75 * 0.5 + 0.25 * 0.25)
+    lo, hi = high["quality"]["scene_acc_overall"]["interval"]
+    assert lo < 0.75 * 0.5 + 0.25 * 0.25 < hi
+    assert beyond == {"gain": 3.0, "target": 9.0, "outside": [3.0, 6.0]}

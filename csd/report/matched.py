@@ -6,12 +6,19 @@ A relaxed rule has one knob that trades quality for compression (CSD's ``lam``, 
 with ``increasing=False``); it is measured, so it is noisy, and the search stops at a tolerance on the
 compression, not on the knob. A target outside what the bracket reaches is reported as unreachable with the
 compression that was reached, never extrapolated.
+
+A calibrated knob hits its target on the calibration prompts only; on the full prompt set each run lands near,
+not at, the target. :func:`bracketing_mixture` gives the exact target on the full set without extrapolating: the
+two measured operating points on either side of it and the mixing weight at which a per-image random choice
+between them has exactly the target's mean step compression. Mean step compression and every per-image mean
+metric of such a mixture are the same mixture of the two runs' means, so its quality is an attainable point on
+the segment between them (the convex hull of measured operating points).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 
@@ -71,3 +78,17 @@ def match_compression(
     best = min(evals, key=lambda e: abs(e[1] - target))
     return KnobMatch(target, best[0], best[1], abs(best[1] / target - 1) <= tol, evals)
 
+
+
+def bracketing_mixture(target: float, compressions: Sequence[float]) -> tuple[int, int, float] | None:
+    """``(i, j, w)`` with ``w * c_i + (1 - w) * c_j = target``, ``c_i <= target <= c_j`` neighbours in sorted
+    order of the measured ``compressions``; None when ``target`` lies outside ``[min, max]`` (never extrapolated).
+    A target equal to a measured point gets all the weight on it (``w`` = 1 or 0)."""
+    order = sorted(range(len(compressions)), key=lambda k: compressions[k])
+    for i, j in zip(order, order[1:], strict=False):
+        c_i, c_j = compressions[i], compressions[j]
+        if c_i <= target <= c_j:
+            return i, j, 1.0 if c_j == c_i else (c_j - target) / (c_j - c_i)
+    if len(order) == 1 and compressions[order[0]] == target:
+        return order[0], order[0], 1.0
+    return None
