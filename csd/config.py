@@ -91,9 +91,9 @@ SCHEMA: dict[str, Spec | ByTarget] = {
     "status.stale_min": Float(gt=0),
     # stage=study (csd/study.py, docs/EVALUATION.md#matched-compression-study)
     "study.rules": MapOf(
-        value=Fields(fields={"knob": Str(), "lo": Float(min=0), "hi": Float(min=0), "increasing": Bool(),
-                             "log_scale": Bool(), "overrides": Scalars()}),
-        names=lambda: choices("method"), what="method",
+        value=Fields(fields={"method": Group(group="method", options=choices), "knob": Str(), "lo": Float(min=0),
+                             "hi": Float(min=0), "increasing": Bool(), "log_scale": Bool(), "overrides": Scalars()}),
+        what="rule label",
     ),
     "study.targets": FloatList(gt=1),
     "study.calibration_prompts": Int(min=1),

@@ -133,7 +133,8 @@ class Choice(Spec):
 
 @dataclass(frozen=True, kw_only=True)
 class Group(Spec):
-    """A config group's ``name``: one of its ``options()``; the message names the group (``method=...``)."""
+    """A config group's ``name``: one of its ``options()``; the message names the group (``method=...``), or the
+    key where a group name is the value of another key (``study.rules.<label>.method=...``)."""
 
     group: str
     options: Callable[[str], list[str]]
@@ -145,7 +146,10 @@ class Group(Spec):
         return value in self.options(self.group)
 
     def error(self, key: str, value: Any) -> str | None:
-        return None if self.accepts(value) else f"{self.group}={show(value)}: choose one of {self.options(self.group)}"
+        if self.accepts(value):
+            return None
+        name = self.group if key == f"{self.group}.name" else key
+        return f"{name}={show(value)}: choose one of {self.options(self.group)}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -252,10 +256,10 @@ class Scalars(Spec):
 
 @dataclass(frozen=True, kw_only=True)
 class MapOf(Spec):
-    """A mapping of names (each one of ``names()``, a ``what``) to values of the spec ``value`` (``key.name=...``)."""
+    """A mapping of names (labels of the user's choice, each a ``what``) to values of the spec ``value``
+    (``key.name=...``)."""
 
     value: Spec
-    names: Callable[[], list[str]]
     what: str = "name"
 
     def describe(self) -> str:
@@ -268,9 +272,6 @@ class MapOf(Spec):
         message = super().error(key, value)
         if message or value is None:
             return message
-        unknown = [name for name in value if name not in self.names()]
-        if unknown:
-            return f"{key}: unknown {self.what} {unknown[0]!r}; choose from {self.names()}"
         return next((m for name in value if (m := self.value.error(f"{key}.{name}", value[name]))), None)
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -36,7 +36,14 @@ from csd.config import (
     validate,
 )
 from csd.evaluation import METRICS_FILE
-from csd.evaluation.attribution import REGIONS, PairOutcome, divergence, failure_cost, region_labels
+from csd.evaluation.attribution import (
+    REGIONS,
+    PairOutcome,
+    divergence,
+    failure_cost,
+    marginal_cost,
+    region_labels,
+)
 from csd.evaluation.content import on_grid, region_grid
 from csd.evaluation.intervals import paired
 from csd.records import load_records, record_files
@@ -73,8 +80,9 @@ def run_config(cfg: DictConfig, method: DictConfig, run_dir: Path) -> DictConfig
     return out
 
 
-def rule_method(name: str, spec: DictConfig, knob: float) -> DictConfig:
-    return method_config(name, {**OmegaConf.to_container(spec.overrides), spec.knob: knob})
+def rule_method(spec: DictConfig, knob: float) -> DictConfig:
+    """The method of a study rule (``spec.method`` with ``spec.overrides``) at knob value ``knob``."""
+    return method_config(spec.method, {**OmegaConf.to_container(spec.overrides), spec.knob: knob})
 
 
 def check_study(cfg: DictConfig) -> None:
@@ -83,7 +91,8 @@ def check_study(cfg: DictConfig) -> None:
     config valid at both ends of its bracket (the schema and the rule's own checks)."""
     study = cfg.study
     if not study.rules:
-        raise ConfigError("study.rules is empty: give at least one method -> {knob, lo, hi, increasing, log_scale, overrides}")
+        raise ConfigError("study.rules is empty: give at least one label -> {method, knob, lo, hi, increasing, log_scale, "
+                          "overrides}")
     for name, spec in study.rules.items():
         where = f"study.rules.{name}"
         key = f"method.{spec.knob}"
@@ -91,11 +100,11 @@ def check_study(cfg: DictConfig) -> None:
         for extra in (spec.knob, *spec.overrides):
             if f"method.{extra}" not in SCHEMA:
                 raise ConfigError(f"{where}: {extra!r} is not a method key")
-        method = method_config(name, {})
+        method = method_config(spec.method, {})
         if isinstance(knob_spec, ByTarget):
             knob_spec = knob_spec.pick(method._target_)
         if not isinstance(knob_spec, Float) or spec.knob not in build_rule(method).params():
-            raise ConfigError(f"{where}.knob={spec.knob!r} must be a real-valued hyper-parameter of method={name} "
+            raise ConfigError(f"{where}.knob={spec.knob!r} must be a real-valued hyper-parameter of method={spec.method} "
                               f"(it has {sorted(build_rule(method).params())})")
         if not spec.lo < spec.hi:
             raise ConfigError(f"{where}: need lo < hi, got lo={spec.lo}, hi={spec.hi}")
@@ -103,7 +112,7 @@ def check_study(cfg: DictConfig) -> None:
             raise ConfigError(f"{where}: log_scale=true needs lo > 0, got lo={spec.lo}")
         for end in (spec.lo, spec.hi):
             try:
-                validate(run_config(cfg, rule_method(name, spec, end), Path(cfg.run_dir)))
+                validate(run_config(cfg, rule_method(spec, end), Path(cfg.run_dir)))
             except ConfigError as err:
                 raise ConfigError(f"{where} at {spec.knob}={end:g}: {err}") from None
 
@@ -167,7 +176,7 @@ def calibrate(cfg: DictConfig, name: str, reference: float, calibrator: Calibrat
 
     def measure(knob: float) -> float:
         if knob not in measured:
-            measured[knob] = calibrator.compression(rule_method(name, spec, knob))
+            measured[knob] = calibrator.compression(rule_method(spec, knob))
             log.info("calibration %s %s=%.4g: compression %.3f (SJD %.3f)", name, spec.knob, knob, measured[knob], reference)
         return measured[knob]
 
@@ -209,10 +218,11 @@ def run_study(cfg: DictConfig) -> Path:
     for name, spec in cfg.study.rules.items():
         rules[name] = []
         for gain, match in zip(cfg.study.targets, calibrate(cfg, name, reference, calibrator, root), strict=True):
-            entry: dict[str, Any] = {"gain": gain, "knob": spec.knob, "calibration": asdict(match)}
+            entry: dict[str, Any] = {"gain": gain, "method": spec.method, "knob": spec.knob,
+                                     "calibration": asdict(match)}
             if match.reachable:
                 run_dir = root / run_name(name, gain)
-                metrics = ensure_run(run_config(cfg, rule_method(name, spec, match.knob), run_dir))
+                metrics = ensure_run(run_config(cfg, rule_method(spec, match.knob), run_dir))
                 runs[run_dir.name] = {"metrics": metrics, "dir": run_dir}
                 entry["run"] = run_dir.name
             else:
@@ -263,18 +273,22 @@ class Images:
         return self._cache[key]
 
 
-def attribution(run_dir: Path, sjd_dir: Path, images: Images, categories: Sequence[str]) -> dict[str, dict[str, float]]:
-    """:func:`failure_cost` of a relaxed run against SJD on the same (prompt_id, sample): regions of SJD's image,
-    first differing token = causal origin (csd.evaluation.attribution)."""
+def attribution(run_dir: Path, sjd_dir: Path, images: Images, categories: Sequence[str], n_boot: int,
+                ) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, Any]]]:
+    """A relaxed run against SJD on the same (prompt_id, sample), regions of SJD's image
+    (csd.evaluation.attribution): :func:`failure_cost` (first differing token = causal origin) and
+    :func:`marginal_cost` of the overall scene check (or the first category), intervals over prompts."""
     sjd = records_by_key(sjd_dir)
-    pairs = []
+    pairs, clusters = [], []
     for rec in load_records(run_dir):
         ref = sjd[(rec["prompt_id"], rec["sample"])]
         regions, ref_check = images.of(sjd_dir, ref)
         _, check = images.of(run_dir, rec)
         div = divergence(on_grid(ref, "tokens"), on_grid(rec, "tokens"), regions)
         pairs.append(PairOutcome(on_grid(rec, "commit_kind"), regions, div, ref_check, check))
-    return failure_cost(pairs, categories)
+        clusters.append(rec["prompt_id"])
+    category = "overall" if "overall" in categories else categories[0]
+    return failure_cost(pairs, categories), marginal_cost(pairs, clusters, category, n_boot)
 
 
 def at_targets(root: Path, entries: Sequence[dict[str, Any]], targets: Sequence[float], names: Sequence[str],
@@ -339,7 +353,8 @@ def write_analysis(cfg: DictConfig, root: Path, runs: dict[str, dict[str, Any]],
             entry["quality"] = quality_row(run["metrics"], categories)
             entry["relaxed_by_region"] = content.get("regions")
             entry["relaxed_by_entropy"] = content.get("acceptance_by_entropy")
-            entry["cost_by_region"] = attribution(run["dir"], root / "sjd", images, categories)
+            entry["cost_by_region"], entry["marginal_cost"] = attribution(run["dir"], root / "sjd", images, categories,
+                                                                          cfg.eval.bootstrap)
     mixed = ["step_compression", *(f"scene_acc_{c}" for c in categories), "clip_score"]
     study = {
         "sjd_compression_calibration": reference,
@@ -396,22 +411,30 @@ def markdown(study: dict[str, Any], categories: Sequence[str]) -> str:
             mix = " + ".join(f"{w:.2f} {run}" for run, w in c["mixture"].items() if w > 0)
             lines.append(f"| {rule} | x{c['gain']:.2f} = {c['target']:.3f} | {mix} | "
                          + " | ".join(fmt(c["quality"][n]) for n in mixed) + " |")
-    head = ["rule", "target", *(f"relaxed rate {r}" for r in REGIONS), *(f"cost overall {r}" for r in REGIONS)]
-    lines += ["", "Relaxed acceptances per region (share of the region's positions) and their cost: scene failures "
-              "(overall) charged to the region of the first token that differs from SJD, per relaxed acceptance there.", "",
+    head = ["rule", "target", *(f"relaxed rate {r}" for r in REGIONS), *(f"first-difference cost {r}" for r in REGIONS),
+            "fails (SJD passes)", *(f"marginal cost {r}" for r in REGIONS)]
+    lines += ["", "Relaxed acceptances per region (share of the region's positions) and their cost against SJD (same "
+              "prompt and seed; docs/EVALUATION.md). First-difference cost: scene failures (overall) charged to the "
+              "region of the first token that differs from SJD, per relaxed acceptance there (biased against regions "
+              "decoded early). Marginal cost: added failure probability per relaxed acceptance in the region (linear "
+              "model over the images SJD gets right, 95 % interval; saturates when most fail).", "",
               "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for rule, entries in study["rules"].items():
         for e in (e for e in entries if "run" in e):
             regions = e["relaxed_by_region"] or {}
             rates = [f"{regions.get(r, {}).get('relaxed_rate', math.nan):.4f}" for r in REGIONS]
             costs = [f"{e['cost_by_region'][r].get('cost_overall', math.nan):.4f}" for r in REGIONS]
-            lines.append(f"| {rule} | x{e['gain']:.2f} | " + " | ".join(rates + costs) + " |")
+            marginal = e["marginal_cost"]
+            fails = f"{marginal[REGIONS[0]]['failure_rate']:.3f} of {marginal[REGIONS[0]]['pairs']}"
+            slopes = [fmt(marginal[r]) for r in REGIONS]
+            lines.append(f"| {rule} | x{e['gain']:.2f} | " + " | ".join([*rates, *costs, fails, *slopes]) + " |")
     return "\n".join(lines) + "\n"
 
 
 def _err(cell: dict[str, Any]) -> tuple[float, float]:
+    """Error-bar lengths of a cell's interval (a percentile interval need not contain the point: clipped at 0)."""
     v, iv = cell["value"], cell["interval"]
-    return (v - iv[0], iv[1] - v) if iv else (0.0, 0.0)
+    return (max(v - iv[0], 0.0), max(iv[1] - v, 0.0)) if iv else (0.0, 0.0)
 
 
 def figures(study: dict[str, Any], out: Path, categories: Sequence[str]) -> None:
@@ -449,22 +472,35 @@ def figures(study: dict[str, Any], out: Path, categories: Sequence[str]) -> None
     plt.close(fig)
 
     done = [(f"{rule} x{e['gain']:.2f}", e) for rule, entries in study["rules"].items() for e in entries if "run" in e]
-    for name, value, ylabel in (
-        ("relaxed_by_region", lambda e, r: (e["relaxed_by_region"] or {}).get(r, {}).get("relaxed_rate", math.nan),
-         "relaxed acceptances / positions"),
-        ("cost_by_region", lambda e, r: e["cost_by_region"][r].get("cost_overall", math.nan),
-         "scene failures (overall) / relaxed acceptance"),
-    ):
-        fig, ax = plt.subplots(figsize=(max(5, 1.2 * len(done) + 2), 4))
-        width = 0.8 / len(REGIONS)
+    width = 0.8 / len(REGIONS)
+    x = np.arange(len(done))
+    size = (max(5, 1.2 * len(done) + 2), 4)
+
+    def bars(ax: Any, cells: Callable[[dict[str, Any], str], dict[str, Any]], ylabel: str) -> None:
         for j, reg in enumerate(REGIONS):
-            ax.bar(np.arange(len(done)) + j * width, [value(e, reg) for _, e in done], width, label=reg)
-        ax.set_xticks(np.arange(len(done)) + width, [label for label, _ in done], rotation=45, ha="right", fontsize=7)
+            got = [cells(e, reg) for _, e in done]
+            values = [np.nan if c["value"] is None else c["value"] for c in got]
+            err = np.array([_err(c) if c["value"] is not None else (0.0, 0.0) for c in got]).T.reshape(2, len(got))
+            ax.bar(x + j * width, values, width, yerr=err if err.any() else None, capsize=2, label=reg)
+        ax.set_xticks(x + width, [label for label, _ in done], rotation=45, ha="right", fontsize=7)
         ax.set_ylabel(ylabel)
         ax.legend()
-        fig.tight_layout()
-        fig.savefig(out / f"{name}.png", dpi=120)
-        plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=size)
+    bars(ax, lambda e, r: {"value": (e["relaxed_by_region"] or {}).get(r, {}).get("relaxed_rate", math.nan),
+                           "interval": None}, "relaxed acceptances / positions")
+    fig.tight_layout()
+    fig.savefig(out / "relaxed_by_region.png", dpi=120)
+    plt.close(fig)
+
+    fig, axes = plt.subplots(2, 1, figsize=(size[0], 8), sharex=True)
+    bars(axes[0], lambda e, r: {"value": e["cost_by_region"][r].get("cost_overall", math.nan), "interval": None},
+         "first-difference cost\n(failures charged / relaxed acc.)")
+    bars(axes[1], lambda e, r: e["marginal_cost"][r], "marginal cost\n(added P(fail) / relaxed acc.)")
+    axes[1].axhline(0, color="black", lw=0.5)
+    fig.tight_layout()
+    fig.savefig(out / "cost_by_region.png", dpi=120)
+    plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for reg, hist in study["ar_entropy_by_region"].items():

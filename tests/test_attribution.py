@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from csd import Decoder
-from csd.evaluation.attribution import PairOutcome, divergence, failure_cost, region_labels
+from csd.evaluation.attribution import PairOutcome, divergence, failure_cost, marginal_cost, region_labels
 from csd.records import COMMIT_ACCEPTED, COMMIT_RELAXED, COMMIT_SAMPLED
 from csd.toy.domain import toy_prompts
 
@@ -85,3 +85,52 @@ def test_relaxed_run_first_differs_from_sjd_at_its_first_relaxed_acceptance() ->
         checked += 1
         assert differ.size and differ[0] == relaxed[0]
     assert checked >= 2
+
+
+def relaxed_pair(smooth: int, obj: int, fails: bool, sjd_passes: bool = True) -> PairOutcome:
+    """A 4x4 smooth-background image with ``smooth`` relaxed acceptances in its first row (decoded first) and
+    ``obj`` on a 2x2 object in rows 2-3; every pair first differs in row 0 when ``smooth`` > 0."""
+    obj_cells = np.zeros((4, 4), dtype=bool)
+    obj_cells[2:, :2] = True
+    regions = region_labels(obj_cells, "smooth")
+    kinds = np.full((4, 4), COMMIT_ACCEPTED)
+    kinds[0, :smooth] = COMMIT_RELAXED
+    flat = kinds[2:, :2].ravel()
+    flat[:obj] = COMMIT_RELAXED
+    kinds[2:, :2] = flat.reshape(2, 2)
+    ref = np.zeros((4, 4), dtype=int)
+    tokens = np.where(kinds == COMMIT_RELAXED, 1, ref)
+    return PairOutcome(kinds, regions, divergence(ref, tokens, regions), {"overall": sjd_passes},
+                       {"overall": not fails})
+
+
+def test_marginal_cost_recovers_a_known_linear_model_that_decoding_order_hides() -> None:
+    """Failures caused by object relaxations only (1 in 2 per object acceptance), never by the smooth ones decoded
+    before them: the first-difference rule charges every failure to smooth; the linear model finds b_object = 0.5,
+    b_smooth = 0, exactly (group means of a saturated design)."""
+    pairs = [relaxed_pair(2, 0, fails=False) for _ in range(4)]  # smooth only: never fail
+    pairs += [relaxed_pair(2, 1, fails=i < 2) for i in range(4)]  # + one object acceptance: half fail
+    pairs += [relaxed_pair(0, 0, fails=False) for _ in range(4)]  # nothing relaxed
+    pairs += [relaxed_pair(2, 2, fails=True, sjd_passes=False) for _ in range(3)]  # SJD fails too: left out
+    clusters = [f"p{i}" for i in range(len(pairs))]
+    first = failure_cost(pairs, ["overall"])
+    assert first["smooth"]["failures_overall"] == 2 and first["object"]["failures_overall"] == 0
+    cost = marginal_cost(pairs, clusters, "overall", n_boot=300)
+    assert cost["object"]["value"] == pytest.approx(0.5) and cost["smooth"]["value"] == pytest.approx(0.0, abs=1e-12)
+    assert cost["textured"]["value"] is None and cost["textured"]["interval"] is None
+    assert cost["object"]["pairs"] == 12 and cost["object"]["failure_rate"] == pytest.approx(2 / 12)
+    lo, hi = cost["object"]["interval"]
+    assert lo < 0.5 < hi and hi > lo
+
+
+def test_marginal_cost_of_failures_unrelated_to_relaxation_is_zero_within_its_interval() -> None:
+    """Negative control: failures drawn independently of where (and how much) a run relaxed."""
+    rng = np.random.default_rng(0)
+    pairs = [relaxed_pair(int(rng.integers(0, 4)), int(rng.integers(0, 5)), fails=bool(rng.random() < 0.3))
+             for _ in range(300)]
+    cost = marginal_cost(pairs, [f"p{i // 2}" for i in range(300)], "overall", n_boot=300)
+    for reg in ("object", "smooth"):
+        lo, hi = cost[reg]["interval"]
+        assert lo < 0 < hi, (reg, cost[reg])
+    with pytest.raises(ValueError, match="3 pairs but 2 clusters"):
+        marginal_cost(pairs[:3], ["a", "b"], "overall", n_boot=0)

@@ -20,8 +20,8 @@ from csd.records import RECORDS_FILE
 from tests.test_eval_fixtures import REPO
 
 RULES = {
-    "csd": {"knob": "lam", "lo": 0.01, "hi": 30.0, "increasing": True, "log_scale": True, "overrides": {"delta": 1.0}},
-    "addition": {"knob": "c", "lo": 0.001, "hi": 0.5, "increasing": True, "log_scale": True, "overrides": {}},
+    "csd": {"method": "csd", "knob": "lam", "lo": 0.01, "hi": 30.0, "increasing": True, "log_scale": True, "overrides": {"delta": 1.0}},
+    "addition": {"method": "addition", "knob": "c", "lo": 0.001, "hi": 0.5, "increasing": True, "log_scale": True, "overrides": {}},
 }
 
 
@@ -70,6 +70,9 @@ def test_study_runs_end_to_end(finished: Path) -> None:
         records = [json.loads(line) for line in (finished / reachable["run"] / RECORDS_FILE).read_text().splitlines()]
         relaxed = sum(r["relaxed_accepts"] for r in records)
         assert relaxed > 0 and sum(c["relaxed"] for c in reachable["cost_by_region"].values()) == relaxed
+        marginal = reachable["marginal_cost"]
+        sjd_passes = sum(json.loads(line)["scene_overall"] for line in (finished / "sjd" / "per_image.jsonl").open())
+        assert all(marginal[reg]["pairs"] == sjd_passes for reg in marginal)
         # x50 is out of reach: recorded with the compression reached, never run
         assert "run" not in unreachable and unreachable["unmatched"] == "unreachable"
         assert unreachable["calibration"]["compression"] < unreachable["calibration"]["target"]
@@ -99,8 +102,8 @@ def test_rerun_regenerates_nothing(finished: Path, monkeypatch: pytest.MonkeyPat
     ("override", "message"),
     [
         ("study.rules.csd.lo=abc", "study.rules.csd.lo='abc' must be a finite number >= 0"),
-        ("study.rules.foo={knob: c, lo: 0.1, hi: 1.0, increasing: true, log_scale: true, overrides: {}}",
-         "study.rules: unknown method 'foo'"),
+        ("study.rules.foo={method: foo, knob: c, lo: 0.1, hi: 1.0, increasing: true, log_scale: true, overrides: {}}",
+         "study.rules.foo.method='foo': choose one of"),
         ("study.rules.csd.knob=c", "study.rules.csd.knob='c' must be a real-valued hyper-parameter of method=csd"),
         ("study.rules.csd.hi=0.001", "study.rules.csd: need lo < hi"),
         ("study.rules.csd.overrides.delta=2.0", "study.rules.csd at lam=0.01: method.delta=2.0 must be in [0, 1]"),
@@ -156,3 +159,13 @@ def test_quality_at_exact_targets_mixes_the_bracketing_runs(tmp_path: Path) -> N
     lo, hi = high["quality"]["scene_acc_overall"]["interval"]
     assert lo < 0.75 * 0.5 + 0.25 * 0.25 < hi
     assert beyond == {"gain": 3.0, "target": 9.0, "outside": [3.0, 6.0]}
+
+
+def test_rule_labels_let_one_method_appear_with_different_overrides(tmp_path: Path) -> None:
+    """Labels are free; ``method`` names the rule (CSD with and without its TV gate in one study)."""
+    gated = {**RULES["csd"], "overrides": {"delta": 0.99}}
+    cfg = study_cfg(tmp_path, rules={"csd": RULES["csd"], "csd_gated": gated})
+    study.check_study(cfg)
+    assert study.rule_method(cfg.study.rules.csd_gated, 2.0).delta == 0.99
+    assert study.rule_method(cfg.study.rules.csd, 2.0).delta == 1.0
+    assert study.rule_method(cfg.study.rules.csd_gated, 2.0).lam == 2.0

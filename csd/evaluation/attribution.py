@@ -9,7 +9,14 @@ from that one (raster decoding). Two attributions per (prompt, seed) pair:
   layout (object cells vs the scene's background kind, ``smooth`` | ``textured``);
 * **failure cost**: when the relaxed image fails a scene-checker category that the SJD image passes, the
   failure is charged to the region of the *first* differing position, the causal origin of the divergence.
-  A region's cost is the charged failures divided by the relaxed acceptances it received.
+  A region's cost is the charged failures divided by the relaxed acceptances it received. Exact as a causal
+  origin, but biased by decoding order: a region decoded late (objects, mid-image) is rarely the first
+  difference, so its relaxed acceptances are rarely charged even when they do the damage;
+* **marginal cost**: a linear probability model over the pairs whose SJD image passes a category,
+  ``fail_i = a + sum_r b_r n_ir`` (``n_ir`` = relaxed acceptances of image ``i`` in region ``r``), fitted by least
+  squares: ``b_r`` is the added failure probability per relaxed acceptance in region ``r``, whatever its place in
+  decoding order, assuming effects add up (it saturates when most images fail). Cluster-bootstrap intervals over
+  prompts (:mod:`csd.evaluation.intervals`).
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from csd.evaluation.intervals import SEED, Resamples, percentile_interval
 from csd.records import COMMIT_RELAXED
 
 REGIONS = ("object", "smooth", "textured")
@@ -77,4 +85,35 @@ def failure_cost(pairs: Iterable[PairOutcome], categories: Sequence[str]) -> dic
     for counts in out.values():
         for cat in categories:
             counts[f"cost_{cat}"] = counts[f"failures_{cat}"] / counts["relaxed"] if counts["relaxed"] else float("nan")
+    return out
+
+
+def marginal_cost(pairs: Sequence[PairOutcome], clusters: Sequence[str], category: str, n_boot: int,
+                  seed: int = SEED) -> dict[str, dict[str, Any]]:
+    """Per region: ``b_r`` of the linear probability model of the module docstring with its 95 % interval
+    (resampling ``clusters``, one per pair, e.g. the prompt), over the pairs whose SJD image passes ``category``;
+    also ``pairs`` (how many) and ``failure_rate`` (their share that the relaxed image fails). Regions without a
+    relaxed acceptance in those pairs get ``value`` None."""
+    if len(pairs) != len(clusters):
+        raise ValueError(f"{len(pairs)} pairs but {len(clusters)} clusters")
+    keep = [i for i, pair in enumerate(pairs) if pair.reference_check.get(category)]
+    fail = np.array([0.0 if pairs[i].check.get(category) else 1.0 for i in keep])
+    counts = np.array([[((pairs[i].commit_kind == COMMIT_RELAXED) & (pairs[i].regions == reg)).sum() for reg in REGIONS]
+                       for i in keep], dtype=float).reshape(len(keep), len(REGIONS))
+    used = [j for j in range(len(REGIONS)) if counts[:, j].any()]
+    out: dict[str, dict[str, Any]] = {reg: {"value": None, "interval": None} for reg in REGIONS}
+    if keep and used:
+        design = np.column_stack([np.ones(len(keep)), counts[:, used]])
+        point = np.linalg.lstsq(design, fail, rcond=None)[0]
+        resamples = Resamples.draw([clusters[i] for i in keep], n_boot, seed)
+        draws = []
+        for w in resamples.counts[:, resamples.index] if n_boot else []:  # w[i]: times pair i is drawn
+            gram = design.T @ (w[:, None] * design)
+            if np.linalg.matrix_rank(gram) == gram.shape[0]:
+                draws.append(np.linalg.solve(gram, design.T @ (w * fail)))
+        draws_arr = np.array(draws).reshape(len(draws), len(used) + 1)
+        for k, j in enumerate(used):
+            out[REGIONS[j]] = {"value": float(point[k + 1]), "interval": percentile_interval(draws_arr[:, k + 1])}
+    for reg in REGIONS:
+        out[reg] |= {"pairs": len(keep), "failure_rate": float(fail.mean()) if keep else float("nan")}
     return out
