@@ -44,7 +44,7 @@ from csd.evaluation.attribution import (
     marginal_cost,
     region_labels,
 )
-from csd.evaluation.content import on_grid, region_grid
+from csd.evaluation.content import acceptance_by_entropy, on_grid, region_grid
 from csd.evaluation.intervals import paired
 from csd.records import load_records, record_files
 from csd.report.collect import load_run
@@ -316,8 +316,14 @@ def at_targets(root: Path, entries: Sequence[dict[str, Any]], targets: Sequence[
     return out
 
 
-def entropy_by_region(run_dir: Path, images: Images, edges: np.ndarray) -> dict[str, dict[str, list]]:
-    """Histogram (``edges``, counts, density) of a run's target entropy per region of its own images."""
+def entropy_edges(vocab: int, bins: int = 16) -> np.ndarray:
+    """Target-entropy bin edges: ``[0, 1e-3)`` then ``bins - 1`` log-spaced bins up to ``log(vocab)`` nats (a
+    confident model puts most positions far below 1 nat, where equal-width bins see one bin)."""
+    return np.concatenate([[0.0], np.geomspace(1e-3, math.log(vocab), bins)])
+
+
+def entropy_by_region(run_dir: Path, images: Images, edges: np.ndarray) -> dict[str, dict[str, Any]]:
+    """Histogram (``edges``, counts), mean and quantiles of a run's target entropy per region of its own images."""
     values: dict[str, list[np.ndarray]] = {reg: [] for reg in REGIONS}
     for rec in load_records(run_dir):
         regions, _ = images.of(run_dir, rec)
@@ -327,9 +333,9 @@ def entropy_by_region(run_dir: Path, images: Images, edges: np.ndarray) -> dict[
     out = {}
     for reg, parts in values.items():
         x = np.concatenate(parts) if parts else np.zeros(0)
-        counts = np.histogram(x, bins=edges)[0]
-        out[reg] = {"edges": edges.tolist(), "count": counts.tolist(), "n": int(x.size),
-                    "mean": float(x.mean()) if x.size else math.nan}
+        quantiles = dict(zip(("q10", "q50", "q90"), np.quantile(x, [0.1, 0.5, 0.9]).tolist(), strict=True)) if x.size else {}
+        out[reg] = {"edges": edges.tolist(), "count": np.histogram(x, bins=edges)[0].tolist(), "n": int(x.size),
+                    "mean": float(x.mean()) if x.size else math.nan, **quantiles}
     return out
 
 
@@ -343,7 +349,7 @@ def write_analysis(cfg: DictConfig, root: Path, runs: dict[str, dict[str, Any]],
     scene_key = t.scene_key
     images = Images(scene_key)
     vocab = json.loads((root / "ar" / "run.json").read_text())["model_info"]["vocab_size"]
-    edges = np.linspace(0.0, math.log(vocab), cfg.eval.content.entropy_bins + 1)
+    edges = entropy_edges(vocab)
     for entries in rules.values():
         for entry in entries:
             if "run" not in entry:
@@ -352,7 +358,7 @@ def write_analysis(cfg: DictConfig, root: Path, runs: dict[str, dict[str, Any]],
             content = run["metrics"].get("content", {})
             entry["quality"] = quality_row(run["metrics"], categories)
             entry["relaxed_by_region"] = content.get("regions")
-            entry["relaxed_by_entropy"] = content.get("acceptance_by_entropy")
+            entry["relaxed_by_entropy"] = acceptance_by_entropy(load_records(run["dir"]), edges)
             entry["cost_by_region"], entry["marginal_cost"] = attribution(run["dir"], root / "sjd", images, categories,
                                                                           cfg.eval.bootstrap)
     mixed = ["step_compression", *(f"scene_acc_{c}" for c in categories), "clip_score"]
@@ -438,7 +444,8 @@ def _err(cell: dict[str, Any]) -> tuple[float, float]:
 
 
 def figures(study: dict[str, Any], out: Path, categories: Sequence[str]) -> None:
-    """quality_vs_compression.png, relaxed_by_region.png, entropy_by_region_ar.png, cost_by_region.png."""
+    """quality_vs_compression.png, relaxed_by_region.png, relaxed_by_entropy.png, entropy_by_region_ar.png,
+    cost_by_region.png."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -505,13 +512,30 @@ def figures(study: dict[str, Any], out: Path, categories: Sequence[str]) -> None
     fig, ax = plt.subplots(figsize=(6, 4))
     for reg, hist in study["ar_entropy_by_region"].items():
         if hist["n"]:
-            edges = np.asarray(hist["edges"])
-            ax.stairs(np.asarray(hist["count"]) / hist["n"] / np.diff(edges), edges, label=f"{reg} (n={hist['n']})")
-    ax.set_xlabel("target entropy H(q) (nats)")
-    ax.set_ylabel("density")
+            ax.stairs(np.asarray(hist["count"]) / hist["n"], hist["edges"],
+                      label=f"{reg} (n={hist['n']}, mean {hist['mean']:.3f})")
+    ax.set_xscale("symlog", linthresh=1e-3)
+    ax.set_xlabel("target entropy H(q) (nats; first bin [0, 0.001))")
+    ax.set_ylabel("share of the region's positions")
     ax.set_title("AR: target entropy per region")
-    ax.legend()
+    ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(out / "entropy_by_region_ar.png", dpi=120)
+    plt.close(fig)
+
+    gains = sorted({e["gain"] for _, e in done})
+    fig, axes = plt.subplots(1, len(gains), figsize=(5 * len(gains), 4), sharey=True, squeeze=False)
+    for ax, gain in zip(axes[0], gains, strict=True):
+        for label, e in done:
+            if e["gain"] == gain:
+                hist = e["relaxed_by_entropy"]
+                ax.stairs(hist["relaxed"], hist["edges"], label=label.rsplit(" ", 1)[0])
+        ax.set_xscale("symlog", linthresh=1e-3)
+        ax.set_xlabel("target entropy H(q) (nats)")
+        ax.set_title(f"x{gain:.2f} SJD's compression")
+    axes[0][0].set_ylabel("relaxed acceptances / positions")
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "relaxed_by_entropy.png", dpi=120)
     plt.close(fig)
 

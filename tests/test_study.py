@@ -52,7 +52,7 @@ def finished(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_study_runs_end_to_end(finished: Path) -> None:
     out = finished / "study"
     for name in ("study.json", "study.md", "quality_vs_compression.png", "relaxed_by_region.png",
-                 "entropy_by_region_ar.png", "cost_by_region.png"):
+                 "relaxed_by_entropy.png", "entropy_by_region_ar.png", "cost_by_region.png"):
         assert (out / name).stat().st_size > 0, name
     result = json.loads((out / "study.json").read_text())
     sjd = result["references"]["sjd"]["step_compression"]["value"]
@@ -70,6 +70,9 @@ def test_study_runs_end_to_end(finished: Path) -> None:
         records = [json.loads(line) for line in (finished / reachable["run"] / RECORDS_FILE).read_text().splitlines()]
         relaxed = sum(r["relaxed_accepts"] for r in records)
         assert relaxed > 0 and sum(c["relaxed"] for c in reachable["cost_by_region"].values()) == relaxed
+        by_entropy = reachable["relaxed_by_entropy"]  # every position in one entropy bin, relaxed share in [0, 1]
+        assert sum(by_entropy["count"]) == 4 * 16 * 16 and by_entropy["edges"][:2] == [0.0, 1e-3]
+        assert sum(n * r for n, r in zip(by_entropy["count"], by_entropy["relaxed"], strict=True) if n) == pytest.approx(relaxed)
         marginal = reachable["marginal_cost"]
         sjd_passes = sum(json.loads(line)["scene_overall"] for line in (finished / "sjd" / "per_image.jsonl").open())
         assert all(marginal[reg]["pairs"] == sjd_passes for reg in marginal)
