@@ -411,8 +411,9 @@ def markdown(study: dict[str, Any], categories: Sequence[str]) -> str:
     for rule, cells in study["at_targets"].items():
         for c in cells:
             if "outside" in c:
-                lines.append(f"| {rule} | x{c['gain']:.2f} = {c['target']:.3f} | beyond the rule's runs "
-                             f"({c['outside'][0]:.3f}-{c['outside'][1]:.3f}) |" + " |" * len(mixed))
+                lo, hi = c["outside"]
+                why = f"beyond the rule's runs ({lo:.3f}-{hi:.3f})" if hi > lo else "no run of the rule (above)"
+                lines.append(f"| {rule} | x{c['gain']:.2f} = {c['target']:.3f} | {why} |" + " |" * len(mixed))
                 continue
             mix = " + ".join(f"{w:.2f} {run}" for run, w in c["mixture"].items() if w > 0)
             lines.append(f"| {rule} | x{c['gain']:.2f} = {c['target']:.3f} | {mix} | "
