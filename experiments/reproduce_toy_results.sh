@@ -10,6 +10,6 @@ export HF_HUB_OFFLINE=1
 python run.py experiment=toy_paper logger=disabled hydra.sweep.dir=results/toy_paper
 python run.py experiment=ablation_lambda_delta model=toy dataset=toy dataset.n_prompts=16 device=cpu logger=disabled \
   'eval.report.extra_runs=[results/toy_paper/0_ar]' hydra.sweep.dir=results/ablation_lambda_delta
-# the matched-compression study (issue #17, docs/EVALUATION.md#matched-compression-study): not yet run at full size
-# (estimated 1-2 h on one thread); its results are not committed yet
+# the matched-compression study (issue #17, docs/EVALUATION.md#matched-compression-study; README "Is entropy the right
+# signal?"): about 50 min on one thread; resumes after an interruption
 python run.py experiment=entropy_study hydra.run.dir=results/entropy_study
