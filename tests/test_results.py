@@ -25,7 +25,17 @@ def test_committed_toy_run_reproduces(run_json):
     assert gen.nfe == record["nfe"]
 
 
+STUDY = RESULTS / "entropy_study"
+
+
+@pytest.mark.parametrize("run", ["csd_gated_x1.10", "entropy_sjd_x1.10", "amplify_x1.25"])
+def test_committed_study_run_reproduces_at_batch_1(run):
+    """The study decodes at batch 16; its calibrated knobs give the same tokens one image at a time."""
+    test_committed_toy_run_reproduces(STUDY / run / "run.json")
+
+
 def test_committed_results_exist():
     assert len(RUNS) == 12, "run experiments/reproduce_toy_results.sh"
     assert (RESULTS / "toy_paper/report/table_toy.md").exists()
     assert (RESULTS / "ablation_lambda_delta/report/pareto_toy.png").exists()
+    assert (STUDY / "study/study.md").exists() and (STUDY / "study/quality_vs_compression.png").exists()
