@@ -6,6 +6,7 @@ import contextlib
 import itertools
 import os
 from collections.abc import Iterator
+from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
@@ -14,7 +15,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from scipy import stats  # noqa: E402
 
-from csd.adapters.base import ModelAdapter  # noqa: E402
+from csd.adapters.base import DecodeContext, ModelAdapter  # noqa: E402
 from csd.processors import TargetPipeline  # noqa: E402
 
 
@@ -116,3 +117,13 @@ def active_slots_per_forward(adapter: ModelAdapter) -> Iterator[list[int]]:
         yield calls
     finally:
         del adapter.forward_batch
+
+
+def prefilled_batch(adapter: ModelAdapter, prompts: list[str] | tuple[str, ...]) -> tuple[Any, list[DecodeContext]]:
+    """A batch state with ``prompts[i]`` prefilled into slot ``i``, and each prompt's single-context prefill."""
+    state = adapter.start_batch(len(prompts))
+    contexts = []
+    for slot, prompt in enumerate(prompts):
+        adapter.prefill_slot(state, slot, prompt)
+        contexts.append(adapter.prefill(prompt))
+    return state, contexts

@@ -26,6 +26,7 @@ from tests.helpers import (
     chi_square_pvalue,
     exact_sequence_distribution,
     host_reads_per_batched_run,
+    prefilled_batch,
 )
 
 PROMPTS = ["a", "two red circles left of a blue square", "a cat", "a lighthouse on a cliff at sunset, oil painting"]
@@ -143,11 +144,7 @@ def test_padded_cfg_batched_logits_match_single_contexts(model, cfg):
     whose first window is postponed."""
     adapter = PADDED[model](3.0 if cfg else 1.0)
     gen = torch.Generator().manual_seed(0)
-    state = adapter.start_batch(3)
-    contexts = []
-    for slot, prompt in enumerate(PROMPTS[:3]):
-        adapter.prefill_slot(state, slot, prompt)
-        contexts.append(adapter.prefill(prompt))
+    state, contexts = prefilled_batch(adapter, PROMPTS[:3])
     refills = {3: (2, "a long caption " * 14), 4: (0, PROMPTS[3])}
     from_prompt = [True] * 3
     for step, k in enumerate((4, 4, 3, 1, 4, 2)):

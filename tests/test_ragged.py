@@ -10,6 +10,7 @@ import torch
 from csd.adapters.base import DecodeContext, ModelAdapter
 from csd.adapters.janus import tiny_janus_adapter
 from csd.adapters.toy import load_toy_adapter
+from tests.helpers import prefilled_batch
 
 torch.set_num_threads(1)
 
@@ -41,11 +42,7 @@ def test_batched_windows_match_single_contexts(model, cfg):
     adapter = make_adapter(model, cfg)
     prompts = PROMPTS[model]
     gen = torch.Generator().manual_seed(0)
-    state = adapter.start_batch(3)
-    contexts = []
-    for slot, prompt in enumerate(prompts[:3]):
-        adapter.prefill_slot(state, slot, prompt)
-        contexts.append(adapter.prefill(prompt))
+    state, contexts = prefilled_batch(adapter, prompts[:3])
     from_prompt = [True] * 3
     # window sizes as the engine makes them (shrinking at the end of an image); slot 2 refilled before
     # step 3; slot 1 inactive at step 4 (its output ignored, rolled back by K)
