@@ -68,6 +68,10 @@ class PairOutcome:
     reference_check: dict[str, Any]
     check: dict[str, Any]
 
+    def relaxed_in(self, region: str) -> int:
+        """Relaxed acceptances of the relaxed run in ``region``."""
+        return int(((self.commit_kind == COMMIT_RELAXED) & (self.regions == region)).sum())
+
 
 def failure_cost(pairs: Iterable[PairOutcome], categories: Sequence[str]) -> dict[str, dict[str, float]]:
     """Per region: relaxed acceptances, the failures charged to it per category (see the module docstring)
@@ -75,7 +79,7 @@ def failure_cost(pairs: Iterable[PairOutcome], categories: Sequence[str]) -> dic
     out: dict[str, dict[str, float]] = {reg: {"relaxed": 0, **{f"failures_{c}": 0 for c in categories}} for reg in REGIONS}
     for pair in pairs:
         for reg in REGIONS:
-            out[reg]["relaxed"] += int(((pair.commit_kind == COMMIT_RELAXED) & (pair.regions == reg)).sum())
+            out[reg]["relaxed"] += pair.relaxed_in(reg)
         origin = pair.divergence.first
         if origin is None:
             continue
@@ -98,8 +102,8 @@ def marginal_cost(pairs: Sequence[PairOutcome], clusters: Sequence[str], categor
         raise ValueError(f"{len(pairs)} pairs but {len(clusters)} clusters")
     keep = [i for i, pair in enumerate(pairs) if pair.reference_check.get(category)]
     fail = np.array([0.0 if pairs[i].check.get(category) else 1.0 for i in keep])
-    counts = np.array([[((pairs[i].commit_kind == COMMIT_RELAXED) & (pairs[i].regions == reg)).sum() for reg in REGIONS]
-                       for i in keep], dtype=float).reshape(len(keep), len(REGIONS))
+    counts = np.array([[pairs[i].relaxed_in(reg) for reg in REGIONS] for i in keep], dtype=float).reshape(
+        len(keep), len(REGIONS))
     used = [j for j in range(len(REGIONS)) if counts[:, j].any()]
     out: dict[str, dict[str, Any]] = {reg: {"value": None, "interval": None} for reg in REGIONS}
     if keep and used:
