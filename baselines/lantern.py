@@ -9,13 +9,18 @@ before the residual ``norm([q' - p]_+)``.
 ``code_parity=True`` reproduces the released Lumina-mGPT code (``models/ea_model_lumina_mgpt.py`` of
 ``jadohu/LANTERN``, ``evaluate_posterior``): on rejection it zeroes the first ``k + 1`` neighbours whenever at
 least one was used (``J >= 1``) and none when ``J = 0``; the acceptance is the same.
+
+Empty residual: in the paper's mode ``[q' - p]_+`` has mass after every rejection (a rejection needs
+``p(x) > q(x) + s_J``, and ``q'`` sums to ``1 - s_J``), so it falls back to ``q`` only where no rejection can
+happen. The parity residual zeroes more than ``s_J`` and can be empty after a real rejection: like the released
+code, it then draws uniformly over the vocabulary (here the image codes). Both fallbacks are flagged.
 """
 
 from __future__ import annotations
 
 import torch
 
-from csd.acceptance import AcceptanceRule, Verdict, gather_token, likelihood_ratio, lossless_residual
+from csd.acceptance import AcceptanceRule, Residual, Verdict, gather_token, likelihood_ratio, positive_part
 from csd.adapters.base import ModelAdapter
 
 
@@ -67,12 +72,16 @@ class Lantern(AcceptanceRule):
         accept = (relaxed_q / gather_token(draft_probs, drafts).clamp_min(1e-30)).clamp(max=1.0)
         return Verdict(accept, likelihood_ratio(target_probs, draft_probs, drafts).clamp(max=1.0))
 
-    def residual(self, target_probs, draft_probs, drafts) -> torch.Tensor:
+    def residual(self, target_probs, draft_probs, drafts) -> Residual:
+        """``norm([q' - p]_+)`` with ``q'`` = ``q`` without the zeroed neighbours; where it has no mass, ``q``
+        (paper) or the uniform law over the image codes (``code_parity``, the released code's ``torch.ones``)."""
         nbrs, used = self._used_neighbours(target_probs, drafts)
+        fallback = target_probs
         if self.code_parity:  # the whole table (k + 1 neighbours) where J >= 1, i.e. where the nearest one was used
             used = used[..., :1].expand_as(used)
+            fallback = torch.ones_like(target_probs)
         zeroed = target_probs.scatter(-1, nbrs, target_probs.gather(-1, nbrs) * (~used))
-        return lossless_residual(zeroed, draft_probs)
+        return positive_part(zeroed, draft_probs, fallback)
 
     def params(self) -> dict[str, object]:
         params: dict[str, object] = {"k": self.k, "delta": self.delta}

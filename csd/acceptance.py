@@ -3,7 +3,8 @@
 A rule maps, for every verified window position, the processed target distribution ``q``
 (``target_probs``), the distribution the draft was actually sampled from ``p`` (``draft_probs``) and
 the draft token ``x`` to an acceptance probability ``b``; on the first rejection the engine samples a
-replacement from ``rule.residual`` (default: the lossless ``norm([q - p]_+)``). The committed token
+replacement from ``rule.residual`` (default: the lossless ``norm([q - p]_+)``), a :class:`Residual` that always
+has mass (where the rule's formula has none, its documented fallback law, flagged). The committed token
 then has distribution ``P(y) = p(y) b(y) + sum_x p(x) (1 - b(x)) r_x(y)``, which equals ``q`` exactly
 for SJD's ``b = min(1, q(x)/p(x))``.
 
@@ -40,11 +41,31 @@ def likelihood_ratio(target_probs: torch.Tensor, draft_probs: torch.Tensor, draf
     return gather_token(target_probs, drafts) / gather_token(draft_probs, drafts).clamp_min(1e-30)
 
 
-def lossless_residual(target_probs: torch.Tensor, draft_probs: torch.Tensor) -> torch.Tensor:
-    """``norm([q - p]_+)``; falls back to ``q`` where ``q <= p`` everywhere (only reachable by rounding)."""
+@dataclass
+class Residual:
+    """The law a replacement is drawn from after a rejection: ``probs [..., V]`` (normalised, never without
+    mass) and ``fallback [...]``, True where the rule's formula had no mass and ``probs`` is its fallback law."""
+
+    probs: torch.Tensor
+    fallback: torch.Tensor
+
+
+def positive_part(target_probs: torch.Tensor, draft_probs: torch.Tensor, fallback: torch.Tensor) -> Residual:
+    """``norm([t - p]_+)`` for a (possibly reduced) target ``t``; ``norm(fallback)`` where ``t <= p`` everywhere.
+
+    ``fallback [..., V]`` must have mass (a law, or a uniform row): the sampler refuses a law without any.
+    """
     diff = (target_probs - draft_probs).clamp_min(0.0)
     mass = diff.sum(-1, keepdim=True)
-    return torch.where(mass > 1e-12, diff / mass.clamp_min(1e-30), target_probs)
+    has_mass = mass > 1e-12
+    fallback = fallback / fallback.sum(-1, keepdim=True)
+    return Residual(torch.where(has_mass, diff / mass.clamp_min(1e-30), fallback), ~has_mass.squeeze(-1))
+
+
+def lossless_residual(target_probs: torch.Tensor, draft_probs: torch.Tensor) -> torch.Tensor:
+    """``norm([q - p]_+)``; falls back to ``q`` where ``q <= p`` everywhere (for laws ``q != p`` unreachable
+    except by rounding: ``q <= p`` everywhere and equal sums mean ``q = p``, which accepts every draft)."""
+    return positive_part(target_probs, draft_probs, target_probs).probs
 
 
 def entropy(probs: torch.Tensor) -> torch.Tensor:
@@ -77,8 +98,9 @@ class AcceptanceRule:
         lossless = likelihood_ratio(target_probs, draft_probs, drafts).clamp(max=1.0)
         return Verdict(lossless, lossless)
 
-    def residual(self, target_probs: torch.Tensor, draft_probs: torch.Tensor, drafts: torch.Tensor) -> torch.Tensor:
-        return lossless_residual(target_probs, draft_probs)
+    def residual(self, target_probs: torch.Tensor, draft_probs: torch.Tensor, drafts: torch.Tensor) -> Residual:
+        """The replacement law after rejecting ``drafts``: ``norm([q - p]_+)``, falling back to ``q``."""
+        return positive_part(target_probs, draft_probs, target_probs)
 
     def params(self) -> dict[str, object]:
         """Hyper-parameters recorded with every image."""

@@ -40,7 +40,8 @@ INIT_SCHEMES = ("random", "repeat_left")
 COUPLINGS = ("none", "maximal", "gumbel")
 #: the recorded ``p`` of a fresh random draft: one-hot on itself, or the uniform law it was drawn from
 DRAFT_RECORDS = ("onehot", "uniform")
-STAT_KEYS = ("drafts_proposed", "drafts_verified", "drafts_accepted", "relaxed_accepts", "filter_checks", "filter_passes")
+STAT_KEYS = ("drafts_proposed", "drafts_verified", "drafts_accepted", "relaxed_accepts", "filter_checks", "filter_passes",
+             "residual_fallbacks")
 
 
 @dataclass(frozen=True)
@@ -438,12 +439,15 @@ class JacobiEngine:
         path = tree.path(flags[0], deepest=self.pac_code_parity)
         last = path[-1]
         # all children of the last node rejected: a sample of the final residual; a leaf: the bonus sample of its q
-        final = sample_race(verdict.final[w.grid_of[last]], noise.residual[0]) if tree.children[last] else samples[last]
+        rejected_all = bool(tree.children[last])
+        final = sample_race(verdict.final[w.grid_of[last]], noise.residual[0]) if rejected_all else samples[last]
         self.adapter.keep_batch(state, size, [path])
         accepted = to_device(path[1:], device)
         tokens = torch.cat([w.tokens[accepted], final.view(1)])
         kinds = to_device([COMMIT_RELAXED if flags[1][v] else COMMIT_ACCEPTED for v in path[1:]] + [COMMIT_SAMPLED], device)
-        stats = to_device(self._tree_stats(image.n, tree, path, flags, verdict.filter_pass is not None), device)
+        stats = to_device(self._tree_stats(image.n, tree, path, flags, verdict.filter_pass is not None) + [0], device)
+        if rejected_all:  # the final residual's fallback flag stays on the device (no extra host sync)
+            stats[-1] = verdict.final_fallback[w.grid_of[last]]
         self._tree_refresh(image, w, target, samples, verdict, flags[0], last)
         return [0] if self._advance(image, tokens, kinds, target_ent[to_device(path, device)], stats) else []
 
@@ -544,4 +548,5 @@ class JacobiEngine:
         zero = proposed * 0
         checks = verified if result.filter_pass is not None else zero
         passes = result.filter_pass.sum(-1) if result.filter_pass is not None else zero
-        return torch.stack([proposed, verified, result.accepted.sum(-1), result.relaxed.sum(-1), checks, passes], dim=-1)
+        return torch.stack([proposed, verified, result.accepted.sum(-1), result.relaxed.sum(-1), checks, passes,
+                            result.fallback.long()], dim=-1)

@@ -177,12 +177,14 @@ class TreeVerdict:
     """RRS outcome of one tree window, on the device. ``accepted [N]``: the node passed its test against its running
     target (computed for every node, as if every earlier sibling had been rejected; the root: False);
     ``relaxed [N]``: accepted where ``min(1, q/p)`` would have rejected; ``filter_pass [N]`` (CSD);
-    ``final [X, depths, V]``: per internal node of the grid, the residual left after all its children."""
+    ``final [X, depths, V]``: per internal node of the grid, the residual left after all its children;
+    ``final_fallback [X, depths]``: that residual descends from a rule's fallback law (a residual without mass)."""
 
     accepted: torch.Tensor
     relaxed: torch.Tensor
     filter_pass: torch.Tensor | None
     final: torch.Tensor
+    final_fallback: torch.Tensor
 
 
 def verify_tree(
@@ -212,6 +214,7 @@ def verify_tree(
     running = target_probs[at]
     entropy = target_entropy[at]
     removed = torch.zeros(running.shape, dtype=torch.bool, device=running.device)
+    fell_back = torch.zeros(running.shape[:-1], dtype=torch.bool, device=running.device)
     flags = torch.zeros((3, count + 1), dtype=torch.bool, device=running.device)
     has_filter = False
     for k in range(kids.shape[0]):
@@ -231,21 +234,25 @@ def verify_tree(
         if verdict.filter_pass is not None:
             has_filter = True
             flags[2].index_put_((slot,), (verdict.filter_pass & free).flatten())
-        running = torch.where(present.unsqueeze(-1), rule.residual(running, law, token), running)
+        residual = rule.residual(running, law, token)
+        running = torch.where(present.unsqueeze(-1), residual.probs, running)
+        fell_back = fell_back | (present & residual.fallback)
         removed = removed | (present.unsqueeze(-1) & F.one_hot(token, vocab).bool())
     flags = flags[:, :count]
-    return TreeVerdict(flags[0], flags[1], flags[2] if has_filter else None, running)
+    return TreeVerdict(flags[0], flags[1], flags[2] if has_filter else None, running, fell_back)
 
 
 def without_replacement(probs: torch.Tensor, noise: torch.Tensor, exclude: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``k`` draws one after the other from ``probs [..., V]``, each from the law with ``exclude [..., V]`` and the
     earlier draws removed (exponential races with ``noise [..., k, V]``). Returns the tokens ``[..., k]`` and
-    whether each exists (False once the remaining law has no mass)."""
+    whether each exists (False once the remaining law has no mass: the token is then 0, never used)."""
     tokens, valid = [], []
     for i in range(noise.shape[-2]):
         left = probs.masked_fill(exclude, 0.0)
-        token = sample_race(left, noise[..., i, :])
         exists = left.sum(-1) > 0
+        # an exhausted law has no sample: race over the uniform law instead and discard the draw
+        drawable = torch.where(exists.unsqueeze(-1), left, torch.ones_like(left))
+        token = torch.where(exists, sample_race(drawable, noise[..., i, :]), 0)
         tokens.append(token)
         valid.append(exists)
         exclude = exclude | (exists.unsqueeze(-1) & F.one_hot(token, probs.shape[-1]).bool())

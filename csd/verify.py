@@ -30,9 +30,14 @@ def sample_race(probs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
     """One categorical sample per row of ``probs [..., V]`` given ``noise ~ Exp(1)`` of the same shape.
 
     ``argmax_v q(v) / E_v`` over the support only: a zero-probability entry scores ``-inf``, so it can
-    never win, whatever its noise (``0 / 0`` would be NaN, which ``argmax`` picks).
+    never win, whatever its noise (``0 / 0`` would be NaN, which ``argmax`` picks). Every row must have
+    mass: a row without any (all zero, or NaN) has no sample, and ``argmax`` would return code 0 whatever
+    its probability, so it is an error (``RuntimeError``; checked on the device, no host synchronisation).
+    Rules whose formula can leave no mass use a fallback law (:class:`csd.acceptance.Residual`).
     """
-    return torch.argmax(torch.where(probs > 0, probs / noise, float("-inf")), dim=-1)
+    support = probs > 0
+    torch._assert_async(support.any(-1).all(), "sample_race: a law with no mass (all zero or NaN) cannot be sampled")
+    return torch.argmax(torch.where(support, probs / noise, float("-inf")), dim=-1)
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
@@ -72,6 +77,7 @@ class WindowResult:
     window commits ``n_accepted + 1`` tokens: ``committed[:, :n_accepted + 1]``.
     ``accepted``, ``relaxed``, ``verified``, ``filter_pass``: per-draft flags ``[B, K - 1]``
     (``relaxed``: accepted although ``min(1, q/p)`` would have rejected with the same uniform).
+    ``fallback [B]``: the replacement was drawn from the rule's fallback law (its residual had no mass).
     """
 
     n_accepted: torch.Tensor
@@ -80,6 +86,7 @@ class WindowResult:
     relaxed: torch.Tensor
     verified: torch.Tensor
     filter_pass: torch.Tensor | None
+    fallback: torch.Tensor
 
 
 def verify_window(
@@ -116,7 +123,7 @@ def verify_window(
     if window == 1:
         empty = torch.zeros((batch, 0), dtype=torch.bool, device=device)
         zero = torch.zeros(batch, dtype=torch.long, device=device)
-        return WindowResult(zero, samples, empty, empty, empty, None), samples
+        return WindowResult(zero, samples, empty, empty, empty, None, zero.bool()), samples
 
     positions = torch.arange(window - 1, device=device)
     valid = True if n_drafts is None else positions < n_drafts.unsqueeze(-1)
@@ -133,9 +140,10 @@ def verify_window(
     rej = n_accepted.clamp(max=window - 2)
     rows = torch.arange(batch, device=device)
     residual = rule.residual(target_probs[rows, rej], draft_probs[rows, rej], drafts[rows, rej])
-    replacement = sample_race(residual, noise.residual)
+    replacement = sample_race(residual.probs, noise.residual)
     every_draft = window - 1 if n_drafts is None else n_drafts
-    last = torch.where(n_accepted < every_draft, replacement, samples[rows, n_accepted])
+    rejected_one = n_accepted < every_draft
+    last = torch.where(rejected_one, replacement, samples[rows, n_accepted])
 
     committed = torch.cat([drafts, samples[:, -1:]], dim=1)
     committed = committed.scatter(1, n_accepted.unsqueeze(-1), last.unsqueeze(-1))
@@ -143,7 +151,8 @@ def verify_window(
     free = ~draft_forced
     relaxed = accepted & free & (noise.uniforms >= verdict.lossless_prob)
     filter_pass = None if verdict.filter_pass is None else verdict.filter_pass & verified & free
-    result = WindowResult(n_accepted, committed, accepted & free, relaxed, verified & free, filter_pass)
+    fallback = rejected_one & residual.fallback
+    result = WindowResult(n_accepted, committed, accepted & free, relaxed, verified & free, filter_pass, fallback)
     return result, samples
 
 

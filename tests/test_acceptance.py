@@ -77,7 +77,7 @@ def analytic(rule: AcceptanceRule, q: torch.Tensor, p_of: callable, draft_law: t
     ps = torch.stack([p_of(x) for x in range(V)])
     qs = q.expand(V, V)
     b = rule.accept_prob(qs[:, None], ps[:, None], xs[:, None], entropy(qs)[:, None]).accept_prob[:, 0]
-    r = rule.residual(qs, ps, xs)
+    r = rule.residual(qs, ps, xs).probs
     r = r / r.sum(-1, keepdim=True)
     return (draft_law[:, None] * (torch.diag(b) + (1 - b)[:, None] * r)).sum(0)
 
@@ -171,7 +171,7 @@ def test_lantern_relaxed_target_and_residual():
     assert torch.allclose(v.accept_prob, torch.tensor([0.2]))
     rule.delta = 0.6  # now J = 1: q~(1) = 0.2 + 0.5; residual zeroes q(0)
     assert torch.allclose(rule.accept_prob(q, p, torch.tensor([1]), entropy(q)).accept_prob, torch.tensor([0.7]))
-    assert torch.allclose(rule.residual(q, p, torch.tensor([1])), torch.tensor([[0.0, 0.0, 1.0]]))
+    assert torch.allclose(rule.residual(q, p, torch.tensor([1])).probs, torch.tensor([[0.0, 0.0, 1.0]]))
 
 
 @pytest.mark.parametrize(

@@ -149,8 +149,8 @@ def test_lantern_rejection_after_fewer_than_k_plus_one_neighbours():
     zeroed_code[1:5] = 0
     expected_paper = (zeroed_paper - p).clamp_min(0) / (zeroed_paper - p).clamp_min(0).sum()
     expected_code = (zeroed_code - p).clamp_min(0) / (zeroed_code - p).clamp_min(0).sum()
-    assert torch.allclose(paper.residual(q[None], p[None], x)[0], expected_paper)
-    assert torch.allclose(code.residual(q[None], p[None], x)[0], expected_code)
+    assert torch.allclose(paper.residual(q[None], p[None], x).probs[0], expected_paper)
+    assert torch.allclose(code.residual(q[None], p[None], x).probs[0], expected_code)
     assert not torch.allclose(expected_paper, expected_code)
 
 
@@ -160,19 +160,21 @@ def test_lantern_no_neighbour_used_zeroes_nothing_in_both():
     x = torch.tensor([0])
     for code_parity in (False, True):
         rule = line_lantern(3, float(q[1]) / 2, code_parity)  # s_1 > delta: J = 0
-        assert torch.allclose(rule.residual(q[None], p[None], x)[0], lossless_residual(q, p))
+        assert torch.allclose(rule.residual(q[None], p[None], x).probs[0], lossless_residual(q, p))
 
 
 def released_lantern_residual(q: torch.Tensor, p: torch.Tensor, x: int, nbrs: torch.Tensor, k: int,
                               delta: float) -> torch.Tensor:
     """The released rejection branch for one draft, from its description (design notes, "LANTERN"): if the
     last index with cumulative neighbour mass <= delta exists, zero the first ``k + 1`` neighbours; then
-    ``[q' - p]_+``, normalised."""
+    ``[q' - p]_+``, normalised, or the uniform law where it has no mass (``torch.ones_like``)."""
     cumsum = q[nbrs[x, :k]].cumsum(0)
     target = q.clone()
     if bool((cumsum <= delta).any()):
         target[nbrs[x, : k + 1]] = 0
     diff = (target - p).clamp_min(0)
+    if float(diff.sum()) == 0:
+        diff = torch.ones_like(diff)
     return diff / diff.sum()
 
 
@@ -184,9 +186,14 @@ def test_lantern_parity_matches_the_released_residual(seed):
     q = torch.softmax(torch.randn(V, generator=g) * 1.5, -1)
     p = torch.softmax(torch.randn(V, generator=g) * 1.5, -1)
     xs = torch.arange(V)
-    got = rule.residual(q.expand(V, V), p.expand(V, V), xs)
+    got = rule.residual(q.expand(V, V), p.expand(V, V), xs).probs
     for x in range(V):
         assert torch.allclose(got[x], released_lantern_residual(q, p, x, rule.neighbours, 4, 0.3), atol=1e-6)
+    # p = q (a refreshed draft): q' <= p everywhere, every residual is empty and both draw uniformly
+    empty = rule.residual(q.expand(V, V), q.expand(V, V), xs)
+    assert bool(empty.fallback.all())
+    for x in range(V):
+        assert torch.allclose(empty.probs[x], released_lantern_residual(q, q, x, rule.neighbours, 4, 0.3), atol=1e-6)
 
 
 def test_code_parity_flows_from_the_config_and_is_recorded():

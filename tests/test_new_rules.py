@@ -59,7 +59,7 @@ def test_entropy_sjd_bias_matches_closed_form():
     xs = torch.arange(V)
     h = entropy(q).expand(V)
     b = rule.accept_prob(q.expand(V, V), p.expand(V, V), xs, h).accept_prob
-    out = p[0] * b + (1 - (p[0] * b).sum()) * rule.residual(q[0], p[0], xs[0])
+    out = p[0] * b + (1 - (p[0] * b).sum()) * rule.residual(q[0], p[0], xs[0]).probs
     s = float(rule.uniform_scale(h[0]))
     below = q[0] < p[0]
     bias = (torch.minimum(p[0], q[0] / s) - q[0])[below].sum()
@@ -97,7 +97,7 @@ def test_residual_is_the_optimal_one(rule):
                          entropy(qs.transpose(0, 1))).accept_prob.T
     optimal = (q - p * b).clamp_min(0.0)
     optimal = optimal / optimal.sum(-1, keepdim=True)
-    assert torch.allclose(rule.residual(q, p, xs[:4]), optimal, atol=1e-6)
+    assert torch.allclose(rule.residual(q, p, xs[:4]).probs, optimal, atol=1e-6)
 
 
 def test_cool_sd_second_draft_follows_its_weight():

@@ -56,6 +56,8 @@ def speed_metrics(records: Sequence[dict[str, Any]], info: Mapping[str, Any] | N
     total = {k: sum(r[k] for r in records) for k in (
         "drafts_proposed", "drafts_verified", "drafts_accepted", "relaxed_accepts", "filter_checks", "filter_passes"
     )}
+    # replacements drawn from a rule's fallback law (records made before the counter have none)
+    total["residual_fallbacks"] = sum(r.get("residual_fallbacks", 0) for r in records)
     return {
         **latency_stats([t["latency_s"] for t in timed]),
         "latency_images": len(timed),
