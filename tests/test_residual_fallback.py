@@ -146,3 +146,15 @@ def test_engine_counts_every_fallback_commit_and_paper_mode_commits_none_outside
     paper = JacobiEngine(adapter, Lantern(k=1000, delta=0.1, code_parity=False), window=8)
     zero_q, flagged, recorded = committed_with_q(paper, monkeypatch, range(10))
     assert zero_q == 0 and flagged == 0 and recorded == 0
+
+
+def test_tree_windows_count_fallback_commits_too():
+    """SJD-PAC's tree windows draw the final residual after recursive rejection: parity LANTERN's empty residuals
+    are counted there as well, and the paper residual never falls back."""
+    adapter = tiny_janus_adapter(grid=4, codebook=16, head_scale=20.0, top_k=2)
+    counts = {}
+    for code_parity in (True, False):
+        engine = JacobiEngine(adapter, Lantern(k=15, delta=0.1, code_parity=code_parity), window=12, tree_width=3,
+                              tree_depth=2)
+        counts[code_parity] = sum(engine.generate("two red circles", seed=s).stats["residual_fallbacks"] for s in range(6))
+    assert counts[True] > 0 and counts[False] == 0
