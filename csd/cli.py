@@ -5,7 +5,9 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -31,6 +33,15 @@ def quiet_open_clip(record: logging.LogRecord) -> bool:
     return record.levelno >= logging.WARNING or f"{os.sep}open_clip{os.sep}" not in record.pathname
 
 
+def without_progress_bar(factory: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """transformers' tqdm hook: its own bars (the "Loading weights" bar of every model load) are created disabled.
+
+    Only bars transformers makes through ``transformers.utils.logging.tqdm`` pass here: the engine's and the
+    evaluation's bars, and the hub client's download bars, are plain tqdm and stay.
+    """
+    return factory(*args, **{**kwargs, "disable": True})
+
+
 def one_gpu_per_shard(cfg: DictConfig) -> None:
     """A shard that sees several GPUs (``CUDA_VISIBLE_DEVICES=0,1,...``, e.g. set by the local_procs
     launcher's ``gpus_per_node``) keeps only the ``shard % n``-th, so local shard processes spread over the
@@ -54,6 +65,9 @@ def run_stages(cfg: DictConfig) -> None:
         cfg.run_dir = HydraConfig.get().runtime.output_dir
     try:
         validate(cfg)
+        from transformers.utils import logging as transformers_logging
+
+        transformers_logging.set_tqdm_hook(without_progress_bar)
         if cfg.threads is not None:
             torch.set_num_threads(cfg.threads)
         run_dir = Path(cfg.run_dir)

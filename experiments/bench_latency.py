@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import platform
 import statistics
 import time
@@ -46,6 +45,7 @@ from csd.adapters.base import SamplingConfig
 from csd.adapters.janus import JanusAdapter, load_janus_adapter, tiny_janus_adapter
 from csd.config import CONF_DIR, resolve_device
 from csd.engine import JacobiEngine, synchronize
+from csd.hub import load_local_first
 from csd.verify import verify_window
 
 #: Janus-Pro language-model shapes (DeepSeek-LLM 7B / 1.3B), for offline runs without any model file
@@ -106,9 +106,7 @@ def random_janus(
 ) -> tuple[JanusForConditionalGeneration, str]:
     """Random weights of the real shape: from ``path``'s config.json when available, else hard-coded."""
     try:
-        config = JanusConfig.from_pretrained(
-            path, local_files_only=os.environ.get("HF_HUB_OFFLINE", "0") == "1"
-        )
+        config = load_local_first(lambda: JanusConfig.from_pretrained(path))
         source = f"config.json of {path}"
     except (OSError, ValueError):  # hub clients raise OSError / HFValidationError subclasses
         if name not in JANUS_PRO_SHAPES:

@@ -97,7 +97,7 @@ def test_bad_value_fails_before_any_model_loads(tmp_path):
 def test_missing_weights_give_a_short_error(tmp_path):
     out = run_cli("model=janus_pro_7b", "model.path=/nonexistent/janus", "stage=generate", f"hydra.run.dir={tmp_path}")
     assert out.returncode == 2
-    assert "huggingface-cli download" in out.stderr and "Traceback" not in out.stderr
+    assert "hf download deepseek-community/Janus-Pro-7B --local-dir" in out.stderr and "Traceback" not in out.stderr
 
 
 def test_generate_writes_records_and_resumes(tmp_path):

@@ -10,6 +10,7 @@ and fenced code blocks are not prose and are skipped.
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -120,3 +121,22 @@ def test_docs_named_in_code_exist() -> None:
         if not (ROOT / name).exists()
     ]
     assert SOURCE_FILES and not missing, missing
+
+
+#: the hub client's old command, retired from huggingface_hub: the installed client has ``hf`` only
+RETIRED_HUB_CLI = "huggingface" + "-cli"
+
+
+def repository_files() -> list[Path]:
+    """The files git tracks or would track (``git ls-files``, ignored files left out), except ``results/``."""
+    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                            capture_output=True, text=True, check=True).stdout.splitlines()
+    return [ROOT / name for name in listed if not name.startswith("results/") and (ROOT / name).is_file()]
+
+
+def test_no_file_names_the_retired_hub_cli() -> None:
+    """Commands, docs and error messages say ``hf download REPO --local-dir DIR``; results/ keep their history."""
+    files = repository_files()
+    naming = [str(p.relative_to(ROOT)) for p in files if RETIRED_HUB_CLI.encode() in p.read_bytes()]
+    assert files
+    assert naming == [], f"{naming} still name {RETIRED_HUB_CLI}; the command is `hf download REPO --local-dir DIR`"

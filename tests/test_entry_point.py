@@ -36,3 +36,12 @@ def test_run_log_has_no_open_clip_info_lines(evaluated: Path) -> None:
     log = "".join(p.read_text() for p in evaluated.rglob("run.log"))
     assert "toy/toy: 4 images" in log  # the evaluate stage's summary line
     assert "toy-clip" not in log  # open_clip's "Parsing model identifier ... toy-clip" INFO lines
+
+
+def test_a_run_shows_our_progress_bar_but_not_transformers_loading_bar(tmp_path: Path) -> None:
+    """The toy loads through ``from_pretrained`` (transformers' "Loading weights" bar); the engine's bar stays."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, str(REPO / "run.py"), "stage=generate", "dataset.n_prompts=1", "logger=disabled",
+                          f"hydra.run.dir={tmp_path}"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "csd: 100%" in out.stderr and "Loading weights" not in out.stderr

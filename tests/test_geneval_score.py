@@ -244,7 +244,7 @@ def test_missing_detector_weights_are_actionable(monkeypatch: pytest.MonkeyPatch
     with pytest.raises(MissingWeightsError, match="eval.geneval.detector=<dir>"):
         load_detector("/nowhere/mask2former", torch.device("cpu"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    with pytest.raises(MissingWeightsError, match="huggingface-cli download facebook/mask2former-swin-small-coco-instance"):
+    with pytest.raises(MissingWeightsError, match="hf download facebook/mask2former-swin-small-coco-instance --local-dir"):
         load_detector("nobody-here/no-such-mask2former", torch.device("cpu"))
 
 

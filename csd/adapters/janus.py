@@ -29,6 +29,7 @@ from csd.adapters.base import (
     to_uint8,
 )
 from csd.fast import StaticDispatch, make_static_decoder
+from csd.hub import download_command, load_local_first
 from csd.ragged import RaggedCache, RaggedDispatch
 
 PromptEncoder = Callable[[str], torch.Tensor]
@@ -146,21 +147,21 @@ def load_janus_adapter(
 
     hub_id = path if "/" in path and not os.path.isabs(path) else "deepseek-community/Janus-Pro-7B"
     missing = MissingWeightsError(
-        f"Janus-Pro files not found at {path!r}. Download them with `huggingface-cli download {hub_id} "
-        f"--local-dir <dir>` and set model.path=<dir> (or unset HF_HUB_OFFLINE on a machine with internet)."
+        f"Janus-Pro files not found at {path!r}. Download them with `{download_command(hub_id)}` and set "
+        "model.path=<dir> (or run without HF_HUB_OFFLINE on a machine that reaches the Hugging Face hub)."
     )
     if path.startswith(("/", ".", "~")) and not os.path.isdir(os.path.expanduser(path)):
         raise missing
-    local_only = os.environ.get("HF_HUB_OFFLINE", "0") == "1" or os.path.isdir(path)
-    try:
-        processor = JanusProcessor.from_pretrained(path, local_files_only=local_only)
+
+    def load() -> tuple[JanusProcessor, JanusForConditionalGeneration]:
+        processor = JanusProcessor.from_pretrained(path)
         if random_init:
-            config = JanusConfig.from_pretrained(path, local_files_only=local_only)
-            model = JanusForConditionalGeneration(config).to(resolve_dtype(dtype))
-        else:
-            model = JanusForConditionalGeneration.from_pretrained(
-                path, dtype=resolve_dtype(dtype), local_files_only=local_only
-            )
+            config = JanusConfig.from_pretrained(path)
+            return processor, JanusForConditionalGeneration(config).to(resolve_dtype(dtype))
+        return processor, JanusForConditionalGeneration.from_pretrained(path, dtype=resolve_dtype(dtype))
+
+    try:
+        processor, model = load_local_first(load)
     except (OSError, ValueError) as err:  # hub clients raise OSError / HFValidationError subclasses
         raise missing from err
     tokenizer = processor.tokenizer

@@ -47,6 +47,7 @@ from csd.adapters.base import (
     resolve_dtype,
 )
 from csd.adapters.vqgan import VQGANConfig, VQGANDecoder, codes_from_rows, load_vqgan_decoder
+from csd.hub import download_command, load_local_first
 from csd.ragged import RaggedCache, RaggedDispatch
 
 TextEncoder = Callable[[str], torch.Tensor]
@@ -278,14 +279,14 @@ def _local_dir(path: str, what: str, hub_hint: str) -> str:
     """A local snapshot directory for ``path`` (a directory or a hub id), else MissingWeightsError."""
     if os.path.isdir(path):
         return path
-    try:
-        from huggingface_hub import snapshot_download
+    from huggingface_hub import snapshot_download
 
-        return snapshot_download(path, local_files_only=os.environ.get("HF_HUB_OFFLINE", "0") == "1")
+    try:
+        return load_local_first(lambda: snapshot_download(path))
     except Exception as err:  # every hub failure means the same thing to the user: the files are not here
         raise MissingWeightsError(
-            f"{what} files not found at {path!r}. Download them with `huggingface-cli download {hub_hint} "
-            f"--local-dir <dir>` and set model.path=<dir>."
+            f"{what} files not found at {path!r}. Download them with `{download_command(hub_hint)}` "
+            "and set model.path=<dir>."
         ) from err
 
 

@@ -3,7 +3,9 @@ mean, or not at all (docs/EVALUATION.md, "CLIP score"; the protocols' settings a
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import logging
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -15,6 +17,9 @@ from tqdm import tqdm
 
 from csd.adapters.base import MissingWeightsError
 from csd.evaluation.images import RAW, Preprocess, load_rgb
+from csd.hub import load_local_first
+
+OPEN_CLIP_DIR = str(Path(open_clip.__file__).parent)
 
 
 @dataclass
@@ -27,20 +32,44 @@ class ClipModel:
     name: str
 
 
+@contextmanager
+def open_clip_errors_silenced() -> Iterator[None]:
+    """Drop the ERROR lines open_clip logs on the root logger while it loads weights.
+
+    open_clip logs a failed download (and an unknown tag) as an ERROR, then raises a ``RuntimeError`` with
+    the same text; :func:`load_open_clip` turns that into its own one-line error, which should be the only one.
+    """
+
+    def keep(record: logging.LogRecord) -> bool:
+        return not (record.levelno >= logging.ERROR and record.pathname.startswith(OPEN_CLIP_DIR))
+
+    root = logging.getLogger()
+    root.addFilter(keep)
+    try:
+        yield
+    finally:
+        root.removeFilter(keep)
+
+
 def load_open_clip(
     model: str, pretrained: str | None, device: torch.device, model_config: str | None = None
 ) -> ClipModel:
     """``open_clip.create_model_and_transforms(model, pretrained=<tag or local file>)``.
 
     ``model_config``: a JSON file or folder of open_clip architecture configs to register first
-    (for architectures open_clip does not ship). ``pretrained=None`` gives random weights.
+    (for architectures open_clip does not ship). ``pretrained=None`` gives random weights. A tag's weights
+    come from the local Hugging Face cache first, from the hub only when it is reachable (:mod:`csd.hub`).
     """
     if model_config is not None:
         open_clip.add_model_config(model_config)
     if pretrained is not None and ("/" in pretrained or Path(pretrained).suffix) and not Path(pretrained).exists():
         raise MissingWeightsError(f"CLIP weights file '{pretrained}' not found (eval.clip.pretrained).")
     try:
-        net, _, preprocess = open_clip.create_model_and_transforms(model, pretrained=pretrained, device=device)
+        with open_clip_errors_silenced():
+            net, _, preprocess = load_local_first(
+                lambda: open_clip.create_model_and_transforms(model, pretrained=pretrained, device=device),
+                missing=(RuntimeError,),
+            )
     except RuntimeError as err:
         raise MissingWeightsError(
             f"CLIP weights {model}/{pretrained} are not available offline ({str(err)[:120]}...). Run once with "

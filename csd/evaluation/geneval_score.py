@@ -32,6 +32,7 @@ from csd.adapters.base import MissingWeightsError
 from csd.evaluation.clip_score import ClipModel, load_open_clip
 from csd.evaluation.context import EvalContext, MetricOutput, NotApplicable
 from csd.evaluation.images import load_rgb
+from csd.hub import download_command, load_local_first
 
 DEFAULT_DETECTOR = "facebook/mask2former-swin-small-coco-instance"
 BACKEND_NOTE = (
@@ -249,18 +250,20 @@ def load_detector(path: str, device: torch.device) -> Mask2FormerDetector:
     from transformers import AutoImageProcessor, Mask2FormerForUniversalSegmentation
 
     missing = MissingWeightsError(
-        f"GenEval detector files not found at {path!r}. Download them with `huggingface-cli download "
-        f"{DEFAULT_DETECTOR} --local-dir <dir>` and set eval.geneval.detector=<dir> (or unset HF_HUB_OFFLINE "
-        "on a machine with internet)."
+        f"GenEval detector files not found at {path!r}. Download them with `{download_command(DEFAULT_DETECTOR)}` "
+        "and set eval.geneval.detector=<dir> (or run without HF_HUB_OFFLINE on a machine that reaches the "
+        "Hugging Face hub)."
     )
-    local = os.path.isdir(os.path.expanduser(path))
-    if path.startswith(("/", ".", "~")) and not local:
+    if path.startswith(("/", ".", "~")) and not os.path.isdir(os.path.expanduser(path)):
         raise missing
-    local_only = local or os.environ.get("HF_HUB_OFFLINE", "0") == "1"
     source = os.path.expanduser(path)
+
+    def load() -> tuple[Any, Mask2FormerForUniversalSegmentation]:
+        return (AutoImageProcessor.from_pretrained(source),
+                Mask2FormerForUniversalSegmentation.from_pretrained(source))
+
     try:
-        processor = AutoImageProcessor.from_pretrained(source, local_files_only=local_only)
-        model = Mask2FormerForUniversalSegmentation.from_pretrained(source, local_files_only=local_only)
+        processor, model = load_local_first(load)
     except (OSError, ValueError) as err:  # hub clients raise OSError / HFValidationError subclasses
         raise missing from err
     return Mask2FormerDetector(model, processor, device, path)
