@@ -1,4 +1,5 @@
-"""``run.py stage=evaluate|report`` on an existing run: Hydra's files land there, no stray run dir, a quiet run.log."""
+"""``run.py stage=evaluate|report`` on an existing run: evaluate's Hydra files land in the run, the report's in
+``runs/report/<time>`` (the report directory holds only the report), a quiet run.log."""
 
 from __future__ import annotations
 
@@ -26,10 +27,13 @@ def evaluated(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_evaluate_and_report_write_into_the_given_dirs(evaluated: Path) -> None:
-    assert not (evaluated / "runs").exists()
     assert (evaluated / "r" / "metrics.json").exists() and (evaluated / "report" / "table_toy.md").exists()
-    for out_dir, stage in ((evaluated / "r", "evaluate"), (evaluated / "report", "report")):
-        assert (out_dir / "run.log").exists() and (out_dir / ".hydra" / stage / "overrides.yaml").exists()
+    assert (evaluated / "r" / "run.log").exists() and (evaluated / "r" / ".hydra" / "evaluate" / "overrides.yaml").exists()
+    # the report directory holds only the report: reporting committed results leaves no Hydra files there
+    assert not {".hydra", "run.log"} & {p.name for p in (evaluated / "report").iterdir()}
+    (log_dir,) = (evaluated / "runs" / "report").iterdir()
+    assert (log_dir / "run.log").exists() and (log_dir / ".hydra" / "report" / "overrides.yaml").exists()
+    assert sorted(p.name for p in (evaluated / "runs").iterdir()) == ["report"]  # no other stray directory
 
 
 def test_run_log_has_no_open_clip_info_lines(evaluated: Path) -> None:
