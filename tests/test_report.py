@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 
 from csd.evaluation import evaluate_run
 from csd.report import SweepReportCallback, build_report
-from csd.report.collect import results_frame
+from csd.report.collect import find_run_dirs, results_frame
 from csd.report.pareto import pareto_front, plot_pareto
 from csd.report.table import table_context
 from tests.test_eval_fixtures import REPO, eval_cfg, make_run
@@ -60,7 +60,24 @@ def test_labels_carry_the_swept_values() -> None:
     grid = [fake_result("csd", lam=lam, delta=delta) for lam in (0.1, 0.5) for delta in (0.3, 0.5)]
     assert results_frame(grid)["label"].tolist() == [f"csd lam={a} delta={b}" for a in (0.1, 0.5) for b in (0.3, 0.5)]
     one = results_frame([fake_result("csd", lam=0.1, delta=0.5, entropy_norm="none"), fake_result("addition", c=0.1)])
-    assert one["label"].tolist() == ["csd lam=0.1 delta=0.5 entropy_norm=none", "addition c=0.1"]
+    assert one["label"].tolist() == ["csd", "addition"]  # the methods' defaults (conf/method/*.yaml): no labels
+
+
+def test_labels_name_only_what_differs_from_the_method_defaults() -> None:
+    pac = fake_result("sjd_pac", window=64, coupling="maximal", draft_record="uniform", tree_width=4, tree_depth=3,
+                      pac_code_parity=False)
+    runs = [pac, fake_result("csd", lam=0.3, delta=0.5, entropy_norm="none"), fake_result("sjd", window=32),
+            fake_result("ar", 2.0)]
+    assert results_frame(runs)["label"].tolist() == ["sjd_pac", "csd lam=0.3", "sjd window=32", "ar"]
+    # a method without a conf/method file keeps its own keys
+    assert results_frame([fake_result("mystery", q=1)])["label"].tolist() == ["mystery q=1"]
+
+
+def test_run_dirs_in_natural_order(tmp_path: Path) -> None:
+    for name in ("0_ar", "10_csd_mc", "11_csd_pac", "1_sjd", "2_mcsjd"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "run.json").write_text("{}")
+    assert [p.name for p in find_run_dirs(tmp_path)] == ["0_ar", "1_sjd", "2_mcsjd", "10_csd_mc", "11_csd_pac"]
 
 
 def test_pareto_names_every_run_without_overprinting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -94,11 +111,15 @@ def test_build_report_from_sweep(tmp_path: Path) -> None:
     speedups = dict(zip(runs["run_dir"].map(lambda p: Path(p).name), runs["speedup"], strict=True))
     assert speedups == pytest.approx({"0_ar": 1.0, "1_sjd": 2.0, "2_csd": 4.0, "3_csd": 2.5})
     table = pd.read_csv(out / "table_toy.csv")
-    assert table["method"].tolist() == ["ar", "sjd", "csd lam=0.1", "csd lam=0.5"]  # delta is the same: left out
+    # delta is the same in both but not csd's default (0.5): named
+    assert table["method"].tolist() == ["ar", "sjd", "csd lam=0.1 delta=0.3", "csd lam=0.5 delta=0.3"]
     assert table["lambda"].tolist()[2:] == [0.1, 0.5]
     assert {"latency (s)", "speed-up", "step compression"} <= set(table.columns)
     markdown = (out / "table_toy.md").read_text()
     assert "| method" in markdown and "nan" not in markdown  # AR has no lambda: an empty cell
+    # the methods' defaults the labels leave out, beyond the engine-wide ones (csd's window 16 is one of those)
+    assert "the defaults (`conf/method/<method>.yaml`, beyond `conf/method_keys.yaml`): ar window=1; sjd; " \
+           "csd lam=0.1 delta=0.5 entropy_norm=none." in markdown
     for name in ("pareto_toy.png", "acceptance_heatmaps_toy.png", "acceptance_vs_entropy_toy.png"):
         assert (out / name).stat().st_size > 0
     assert "pareto_toy.png" in (out / "report.md").read_text()

@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
+from omegaconf import OmegaConf
+
+from csd.config import CONF_DIR
+from csd.report.collect import method_label
+from csd.report.labels import method_defaults
 
 METHOD_ORDER = (
     "ar", "sjd", "sjd_l32", "mcsjd", "sjd_pac", "gsd", "gsd_g25", "addition", "amplify", "amplify_k4", "lantern",
@@ -76,6 +82,22 @@ def interval_cell(value: float, lo: float, hi: float, no_difference: float | Non
     return text + (f" {FLAG}" if no_difference is not None and lo <= no_difference <= hi else "")
 
 
+def defaults_note(methods: Sequence[str]) -> str | None:
+    """The labels' rule and each method's defaults beyond the engine-wide ones of ``conf/method_keys.yaml``
+    (``csd lam=0.1 delta=0.5 ...``); None when no method has a config file."""
+    engine = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "method_keys.yaml"))
+    parts = []
+    for method in dict.fromkeys(methods):
+        defaults = method_defaults(method)
+        if defaults is not None:
+            own = [k for k, v in defaults.items() if k not in engine or engine[k] != v]
+            parts.append(method_label(method, defaults, own))
+    if not parts:
+        return None
+    return ("Labels name only the hyper-parameters that differ from the method's defaults or between its runs; "
+            "the defaults (`conf/method/<method>.yaml`, beyond `conf/method_keys.yaml`): " + "; ".join(parts) + ".")
+
+
 def markdown_table(df: pd.DataFrame) -> tuple[str, list[str]]:
     """The table in :func:`paper_order` with ``value [lo, hi]`` cells and :data:`FLAG` on comparisons with AR whose
     interval contains no difference; returns the Markdown and the footnotes it needs."""
@@ -96,6 +118,8 @@ def markdown_table(df: pd.DataFrame) -> tuple[str, list[str]]:
         notes.append(NOTE_FLAG)
     if _measured(rows, "fid"):
         notes.append(NOTE_FID)
+    if (note := defaults_note(rows["method"])) is not None:
+        notes.append(note)
     return table.to_markdown(index=False, floatfmt=".3g", missingval=""), notes
 
 
