@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import matplotlib.pyplot as plt
+import numpy as np
 import pandas as pd
 import pytest
 from matplotlib.figure import Figure
+from matplotlib.image import AxesImage
 from matplotlib.text import Text
 from omegaconf import OmegaConf
 
 from csd.evaluation import evaluate_run
-from csd.report import SweepReportCallback, build_report
+from csd.report import SweepReportCallback, build_report, content_plots
 from csd.report.collect import find_run_dirs, results_frame
+from csd.report.content_plots import heatmap_figure
 from csd.report.pareto import pareto_front, plot_pareto
 from csd.report.table import table_context
 from tests.test_eval_fixtures import REPO, eval_cfg, make_run
@@ -165,3 +169,80 @@ def test_table_heading_names_the_evaluation_protocol() -> None:
     mixed = runs.assign(protocol=["sjd", "lantern"])
     assert "MIXED eval protocols lantern, sjd" in table_context(mixed)
     assert table_context(runs.assign(protocol=[None, None])) == "coco2017"  # speed-only runs record none
+
+
+def quality_sweep(fids: Sequence[float]) -> pd.DataFrame:
+    """An AR run plus one run per method of the paper table with the given FIDs (AR's first), spread speed-ups."""
+    methods = ["ar", "sjd", "mcsjd", "sjd_pac", "gsd", "addition", "amplify", "entropy_sjd", "cool_sd", "csd",
+               "csd_mc", "csd_pac"][:len(fids)]
+    results = [fake_result(m, 2.0 / (1 + 0.1 * i), lam=0.3) for i, m in enumerate(methods)]
+    for res, fid in zip(results, fids, strict=True):
+        res["metrics"]["fid"] = fid
+    return results_frame(results)
+
+
+def test_pareto_legend_clears_the_title_and_panels_keep_the_width(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    fig, texts = pareto_texts(quality_sweep([0.008 + 0.001 * i for i in range(12)]), tmp_path, monkeypatch)
+    renderer = fig.canvas.get_renderer()
+    legend = fig.legends[0].get_window_extent(renderer)
+    (title,) = [t for t in texts if t.get_text() == "toy"]
+    assert not legend.overlaps(title.get_window_extent(renderer))
+    panels = [ax.get_window_extent(renderer) for ax in fig.axes]
+    assert not any(legend.overlaps(p) for p in panels)
+    width = max(p.x1 for p in panels) - min(p.x0 for p in panels)
+    assert width > 0.75 * fig.bbox.width
+    plt.close(fig)
+
+
+def test_pareto_clips_an_outlier_and_writes_its_value(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fids = [0.008, 0.009, 0.0085, 0.006, 0.0088, 1.2, 0.0062, 0.0059]
+    fig, texts = pareto_texts(quality_sweep(fids), tmp_path, monkeypatch)
+    fid_axes = [ax for ax in fig.axes if ax.get_ylabel() == "FID"]
+    assert len(fid_axes) == 2
+    for ax in fid_axes:
+        lo, hi = ax.get_ylim()
+        assert hi < 0.1 and lo < 0.0059  # the other runs are spread over the panel, not flattened at its bottom
+        assert (0.009 - 0.0059) / (hi - lo) > 0.5
+    assert sum(t.get_text() == "↑ 1.2" for t in texts) == 2  # the clipped value, written in each FID panel
+    plt.close(fig)
+
+
+def test_pareto_shows_each_measured_quality_and_no_empty_rows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    df = quality_sweep([0.008, 0.009, 0.007]).assign(scene_acc_overall=[0.8, 0.78, 0.7])
+    figures: list[Figure] = []
+    monkeypatch.setattr(plt, "close", figures.append)
+    ys = OmegaConf.load(REPO / "conf/eval/default.yaml").report.pareto_y
+    plot_pareto(df, ["speedup", "step_compression"], ys, "toy", tmp_path / "pareto.png")
+    labels = {ax.get_ylabel() for ax in figures[0].axes}
+    assert labels == {"scene accuracy", "FID", "CLIP score"}  # GenEval was not measured: no panel
+    plt.close(figures[0])
+
+
+def maps(accepted: float, relaxed: float) -> dict[str, Any]:
+    grid = np.arange(16.0).reshape(4, 4) / 15
+    return {"accepted": accepted * grid, "relaxed": relaxed * grid, "commit_iter": grid}
+
+
+def test_heatmaps_say_which_panels_carry_nothing_and_labels_do_not_overprint() -> None:
+    long = "csd_pac tree_width=8 tree_depth=4 lam=0.3 delta=0.7 entropy_norm=log_vocab"
+    fig = heatmap_figure([("ar", maps(0, 0)), ("sjd", maps(0.8, 0)), (long, maps(0.8, 0.01))])
+    fig.canvas.draw()
+    assert len(fig.findobj(AxesImage)) == 1 + 2 + 3  # AR: commit order only; SJD: no relaxed map
+    texts = [t for t in fig.findobj(Text) if t.get_visible() and t.get_text()]
+    assert sum("no draft accepted" in t.get_text() for t in texts) == 1
+    assert sum("no relaxed accept" in t.get_text() for t in texts) == 2
+    boxes = [t.get_window_extent() for t in texts]
+    assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
+    plt.close(fig)
+    lossless = heatmap_figure([("ar", maps(0, 0)), ("sjd", maps(0.8, 0))])
+    assert not any("relaxed" in ax.get_title() for ax in lossless.axes)  # a column no run fills is dropped
+    plt.close(lossless)
+
+
+def test_content_plots_follow_the_table_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    drawn: list[list[str]] = []
+    original = content_plots.heatmap_figure
+    monkeypatch.setattr(content_plots, "heatmap_figure", lambda runs: drawn.append([r[0] for r in runs]) or original(runs))
+    out = build_report(fixture_sweep(tmp_path / "sweep", tmp_path), eval_cfg(tmp_path))
+    assert drawn == [pd.read_csv(out / "table_toy.csv")["method"].tolist()]
