@@ -23,6 +23,7 @@ def evaluated(tmp_path_factory: pytest.TempPathFactory) -> Path:
         out = subprocess.run([sys.executable, str(REPO / "run.py"), *args, "logger=disabled"], cwd=root, env=env,
                              capture_output=True, text=True, timeout=600)
         assert out.returncode == 0, out.stderr[-2000:]
+    (root / "report_stdout.txt").write_text(out.stdout)
     return root
 
 
@@ -40,3 +41,9 @@ def test_run_log_has_no_open_clip_info_lines(evaluated: Path) -> None:
     log = "".join(p.read_text() for p in evaluated.rglob("run.log"))
     assert "toy/toy: 4 images" in log  # the evaluate stage's summary line
     assert "toy-clip" not in log  # open_clip's "Parsing model identifier ... toy-clip" INFO lines
+
+
+def test_report_prints_the_compact_table(evaluated: Path) -> None:
+    printed = (evaluated / "report_stdout.txt").read_text()
+    assert "| method " in printed and "latency" not in printed  # the full table (latency, ...) stays in the file
+    assert "full table: report/table_toy.md" in printed

@@ -19,8 +19,8 @@ from csd.evaluation import evaluate_run
 from csd.report import SweepReportCallback, build_report, content_plots
 from csd.report.collect import find_run_dirs, results_frame
 from csd.report.content_plots import heatmap_figure
-from csd.report.pareto import pareto_front, plot_pareto
-from csd.report.table import table_context
+from csd.report.pareto import outliers, pareto_front, plot_pareto
+from csd.report.table import SMALL_N, console_tables, markdown_table, table_context, write_tables
 from tests.test_eval_fixtures import REPO, eval_cfg, make_run
 
 
@@ -121,6 +121,7 @@ def test_build_report_from_sweep(tmp_path: Path) -> None:
     assert {"latency (s)", "speed-up", "step compression"} <= set(table.columns)
     markdown = (out / "table_toy.md").read_text()
     assert "| method" in markdown and "nan" not in markdown  # AR has no lambda: an empty cell
+    assert (runs["n_prompts"] == 4).all() and f"{SMALL_N} fewer than 20 prompts" in markdown  # 4 prompts: marked
     # the methods' defaults the labels leave out, beyond the engine-wide ones (csd's window 16 is one of those)
     assert "the defaults (`conf/method/<method>.yaml`, beyond `conf/method_keys.yaml`): ar window=1; sjd; " \
            "csd lam=0.1 delta=0.5 entropy_norm=none." in markdown
@@ -246,3 +247,50 @@ def test_content_plots_follow_the_table_order(tmp_path: Path, monkeypatch: pytes
     monkeypatch.setattr(content_plots, "heatmap_figure", lambda runs: drawn.append([r[0] for r in runs]) or original(runs))
     out = build_report(fixture_sweep(tmp_path / "sweep", tmp_path), eval_cfg(tmp_path))
     assert drawn == [pd.read_csv(out / "table_toy.csv")["method"].tolist()]
+
+
+def with_intervals(df: pd.DataFrame, n_prompts: int) -> pd.DataFrame:
+    """``df`` with CLIP, scene accuracy and (but AR's) speed-up intervals around the values, on ``n_prompts``."""
+    out = df.assign(scene_acc_overall=0.8, n_prompts=n_prompts, n_prompts_paired=n_prompts)
+    for column, half in (("clip_score", 1.0), ("scene_acc_overall", 0.04), ("speedup", 0.05)):
+        out[f"{column}_lo"], out[f"{column}_hi"] = out[column] - half, out[column] + half
+    out.loc[out["method"] == "ar", ["speedup_lo", "speedup_hi"]] = np.nan  # AR's speed-up is 1 by definition
+    return out
+
+
+def test_console_table_is_compact_and_names_the_full_one(tmp_path: Path) -> None:
+    runs = [fake_result("ar", 2.0)] + [fake_result("csd", 1.0 + 0.01 * i, lam=0.05 * i, delta=0.7) for i in range(11)]
+    df = with_intervals(results_frame(runs), 400)
+    text = console_tables(df, tmp_path)
+    lines = text.splitlines()
+    assert max(len(line) for line in lines if not line.startswith("full table")) <= 110
+    header = next(line for line in lines if line.startswith("| method"))
+    assert [c.strip() for c in header.strip("|").split("|")] == ["method", "knobs", "speed-up", "step compression",
+                                                                  "scene acc."]
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in lines if line.startswith("| csd")]
+    assert rows[1][:2] == ["csd", "lam=0.05 delta=0.7"]
+    assert f"full table: {tmp_path / 'table_toy.md'}" in text
+
+
+def test_intervals_on_few_prompts_are_marked_once_per_table(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    few = with_intervals(results_frame([fake_result("ar", 2.0), fake_result("csd", 1.0, lam=0.3)]), 2)
+    markdown, notes = markdown_table(few)
+    assert markdown.count(SMALL_N) == 5  # each run's CLIP and scene accuracy, the CSD run's speed-up
+    assert sum(SMALL_N in note for note in notes) == 1
+    with caplog.at_level("WARNING"):
+        write_tables(few, tmp_path)
+    assert sum("fewer than 20 prompts" in r.getMessage() for r in caplog.records) == 1
+    assert SMALL_N in console_tables(few, tmp_path)
+    many = with_intervals(results_frame([fake_result("ar", 2.0), fake_result("csd", 1.0, lam=0.3)]), 400)
+    assert SMALL_N not in markdown_table(many)[0] + "".join(markdown_table(many)[1])
+
+
+def test_outliers_are_far_off_the_others_and_their_intervals() -> None:
+    nan = [np.nan] * 4
+    assert outliers([90.0, 90.1, 85.0, 89.9], nan, nan).tolist() == [False, False, True, False]
+    # the same points with +-1.2 intervals: 85 is some intervals away from the others, not off the scale
+    clip = np.array([90.0, 90.1, 85.0, 89.9])
+    assert not outliers(clip, clip - 1.2, clip + 1.2).any()
+    fid = np.array([0.008, 0.009, 0.238, 0.006])
+    assert outliers(fid, fid - 0.004, fid + 0.004).tolist() == [False, False, True, False]
+    assert not outliers([0.008, 0.009, 0.238], [np.nan] * 3, [np.nan] * 3).any()  # three runs: none clipped

@@ -104,14 +104,16 @@ def vs_reference(run: dict[str, Any], reference: dict[str, Any], n_boot: int) ->
     a, b = run.get("per_image") or [], reference.get("per_image") or []
     if not a or not b:
         return {}
-    out = comparison_columns("speedup", paired_speedup(a, b, n_boot))
+    out = {"n_prompts_paired": len({r["prompt_id"] for r in a} & {r["prompt_id"] for r in b})}
+    out |= comparison_columns("speedup", paired_speedup(a, b, n_boot))
     for name in PAIRED:
         out |= comparison_columns(f"d_{name}", paired_difference(a, b, name, n_boot))
     return out
 
 
 def results_frame(results: Sequence[dict[str, Any]], n_boot: int = DEFAULT_RESAMPLES) -> pd.DataFrame:
-    """One row per run: identity, label (:func:`label_keys`), ``lam``, ``delta``, metrics with ``_lo`` / ``_hi``
+    """One row per run: identity, label (:func:`label_keys`), ``lam``, ``delta``, image and prompt counts (``n_prompts``:
+    the clusters of its intervals, ``n_prompts_paired``: those shared with the AR run), metrics with ``_lo`` / ``_hi``
     interval columns, speed-up vs the AR run of the same model and dataset and, where both runs have
     ``per_image.jsonl``, paired differences ``d_<metric>`` (:data:`PAIRED`), all with ``n_boot`` prompt resamples.
 
@@ -128,6 +130,7 @@ def results_frame(results: Sequence[dict[str, Any]], n_boot: int = DEFAULT_RESAM
             "run_dir": res["run_dir"], "model": run["model"], "dataset": run["dataset"], "method": run["method"],
             "label": method_label(run["method"], params, keys[run["method"]]), "lam": params.get("lam"),
             "delta": params.get("delta"), "n_images": run.get("n_records"),
+            "n_prompts": len({r["prompt_id"] for r in res.get("per_image") or []}) or None,  # the intervals' clusters
             "protocol": (res.get("protocol") or {}).get("name"), **res["metrics"],  # None without FID / CLIP
             **interval_columns(res.get("intervals") or {}),
         })

@@ -53,20 +53,24 @@ def error_bar(row: pd.Series, column: str) -> list[list[float]] | None:
     return [[max(0.0, row[column] - lo)], [max(0.0, hi - row[column])]]
 
 
-def outliers(values: Sequence[float]) -> np.ndarray:
-    """Mask of the values cut off from the others: repeatedly the lowest or highest value whose gap to the next
-    is more than :data:`OUTLIER_GAP` times the span of the values left, at most a quarter of them (none of fewer
-    than four), e.g. a collapsed method's FID thirty times the other runs'."""
+def outliers(values: Sequence[float], lo: Sequence[float], hi: Sequence[float]) -> np.ndarray:
+    """Mask of the values cut off from the others: repeatedly the lowest or highest value whose distance to the
+    others' extent (their values and intervals ``lo`` / ``hi``, NaN = none) is more than :data:`OUTLIER_GAP` times
+    that extent, at most a quarter of the values (none of fewer than four), e.g. a collapsed method's FID thirty
+    times the other runs'. A value merely some intervals away from a tight cluster is no outlier."""
     v = np.asarray(values, float)
+    lo = np.where(np.isnan(np.asarray(lo, float)), v, lo)
+    hi = np.where(np.isnan(np.asarray(hi, float)), v, hi)
     out = np.zeros(len(v), dtype=bool)
     left = [i for i in np.argsort(v) if np.isfinite(v[i])]
 
-    def ratio(gap: float, span: float) -> float:
-        return gap / span if span > 0 else (np.inf if gap > 0 else 0.0)
+    def ratio(k: int, rest: list[int]) -> float:
+        low, high = np.nanmin(lo[rest]), np.nanmax(hi[rest])
+        gap = max(low - v[k], v[k] - high, 0.0)
+        return gap / (high - low) if high > low else (np.inf if gap > 0 else 0.0)
 
     while out.sum() < len(v) // 4 and len(left) >= 3:
-        low = ratio(v[left[1]] - v[left[0]], v[left[-1]] - v[left[1]])
-        high = ratio(v[left[-1]] - v[left[-2]], v[left[-2]] - v[left[0]])
+        low, high = ratio(left[0], left[1:]), ratio(left[-1], left[:-1])
         if max(low, high) <= OUTLIER_GAP:
             break
         out[left.pop(0 if low > high else -1)] = True
@@ -110,10 +114,10 @@ def pareto_axes(ax: plt.Axes, df: pd.DataFrame, x: str, y: str, styles: Sequence
     shown = {"x": pts[x].to_numpy(float), "y": pts[y].to_numpy(float)}
     clipped, limits = {}, {}
     for axis, column in (("x", x), ("y", y)):
-        clipped[axis] = outliers(shown[axis])
+        lo, hi = _interval(pts, column, "_lo"), _interval(pts, column, "_hi")
+        clipped[axis] = outliers(shown[axis], lo, hi)
         if clipped[axis].any():
-            limits[axis] = bulk_limits(shown[axis], _interval(pts, column, "_lo"), _interval(pts, column, "_hi"),
-                                       clipped[axis])
+            limits[axis] = bulk_limits(shown[axis], lo, hi, clipped[axis])
             shown[axis] = np.clip(shown[axis], *limits[axis])
     front = pareto_front(pts[x], pts[y], x not in LOWER_IS_BETTER, y not in LOWER_IS_BETTER)
     order = np.argsort(shown["x"][front], kind="stable")
