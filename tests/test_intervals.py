@@ -54,7 +54,7 @@ def test_few_prompts_give_too_narrow_intervals() -> None:
     for n in (5, MIN_PROMPTS):
         ids = [f"p{i}" for i in range(n)]
         coverage[n] = np.mean([covered(rng.normal(3.0, 1.0, n), ids, 3.0, seed)[0] for seed in range(400)])
-    assert coverage[5] < 0.85 and coverage[MIN_PROMPTS] >= 0.9  # measured: 0.81 and 0.93
+    assert coverage[5] < 0.87 and coverage[MIN_PROMPTS] >= 0.9  # measured: 0.835 and 0.905 (nominal 0.95)
 
 
 def test_samples_of_a_prompt_are_resampled_together() -> None:
