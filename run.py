@@ -2,23 +2,22 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from csd.cli import run_stages
 
 
-def output_dir(stage: str, run_dir: str | None, sweep_dir: str | None, report_dir: str | None, new_dir: str) -> str:
-    """Hydra's run directory (``.hydra/``, ``run.log``), so that no invocation leaves a stray directory.
+def output_dir(stage: str, run_dir: str | None, sweep_dir: str | None, new_dir: str, report_log_dir: str) -> str:
+    """Hydra's run directory (``.hydra/``, ``run.log``): the directory a stage works in, not a stray new one.
 
-    ``run_dir`` when given (evaluating a run writes next to it); for ``stage=report`` the report's directory
-    (``report_dir``, else ``<sweep_dir or run_dir>/report``); for ``stage=status`` the directory it reads and
+    ``run_dir`` when given (evaluating a run writes next to it); for ``stage=report`` on a sweep or run
+    ``report_log_dir`` (``runs/report/<time>``): the report's own directory holds only the report, so reporting
+    committed results changes nothing but the report's files; for ``stage=status`` the directory it reads and
     for ``stage=study`` the one it writes (``sweep_dir`` or ``run_dir``); else ``new_dir``, a new timestamped run.
     """
     if stage == "report" and (sweep_dir or run_dir):
-        return report_dir or str(Path(sweep_dir or run_dir) / "report")
+        return report_log_dir
     if stage in ("status", "study") and (sweep_dir or run_dir):
         return sweep_dir or run_dir
     return run_dir or new_dir

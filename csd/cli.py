@@ -99,8 +99,11 @@ def run_stages(cfg: DictConfig) -> None:
 
             target = Path(cfg.sweep_dir) if cfg.stage == "report" and cfg.sweep_dir else run_dir
             report = build_report(target, cfg)
-            for table in sorted(report.glob("table_*.md")):
-                print(table.read_text())
+            import pandas as pd
+
+            from csd.report.table import console_tables
+
+            print(console_tables(pd.read_csv(report / "runs.csv"), report))  # the full tables: table_<model>.md
             print(f"report: {report}")
     except (ConfigError, RecordsError, LockHeldError, MissingWeightsError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)

@@ -15,14 +15,12 @@ from typing import Any
 
 import matplotlib.pyplot as plt
 import numpy as np
-import torch
 import wandb
 from omegaconf import DictConfig, OmegaConf
-from torchvision.utils import make_grid
 
 from csd.evaluation.context import EvalContext
-from csd.evaluation.images import load_rgb, to_tensor
 from csd.report.content_plots import heatmap_figure
+from csd.report.samples import captioned_grid
 
 #: Hydra writes this file into a multirun's sweep directory
 MULTIRUN_MARKER = "multirun.yaml"
@@ -46,11 +44,11 @@ def wandb_group(run_dir: Path, logger: DictConfig) -> str | None:
     return sweep.name if (sweep / MULTIRUN_MARKER).exists() else None
 
 
-def sample_grid(paths: list[Path], nrow: int = 4) -> np.ndarray:
-    """The images as one ``[H, W, 3]`` uint8 grid (all resized to the first image's size)."""
-    first = load_rgb(paths[0])
-    tiles = [to_tensor(load_rgb(p).resize(first.size)) for p in paths]
-    return make_grid(torch.stack(tiles), nrow=nrow, padding=2).permute(1, 2, 0).numpy()
+def sample_grid(paths: list[Path], captions: list[tuple[str, str]], ncols: int = 4) -> np.ndarray:
+    """The images as one ``[H, W, 3]`` uint8 grid, each captioned with its ``(method, prompt)``
+    (:func:`csd.report.samples.captioned_grid`)."""
+    tiles = [(path, method, prompt) for path, (method, prompt) in zip(paths, captions, strict=True)]
+    return np.asarray(captioned_grid(tiles, ncols))
 
 
 def per_image_table(ctx: EvalContext, per_image: dict[str, list], max_images: int) -> wandb.Table:
@@ -83,7 +81,10 @@ def log_evaluated_run(ctx: EvalContext, result: dict[str, Any], per_image: dict[
     n = int(logger.get("max_images", 16))
     payload: dict[str, Any] = {
         "per_image": per_image_table(ctx, per_image, n),
-        "samples": wandb.Image(sample_grid(ctx.image_paths[:n]), caption=f"first {min(n, len(ctx.records))} images"),
+        "samples": wandb.Image(
+            sample_grid(ctx.image_paths[:n], [(result["run"]["method"], r["prompt"]) for r in ctx.records[:n]]),
+            caption=f"first {min(n, len(ctx.records))} images",
+        ),
     }
     maps = result["content"].get("acceptance_maps")
     if maps is not None:

@@ -20,7 +20,8 @@ GPU (one H200, 7B shape, ~5 min of which ~130 s compile)::
     HF_HUB_OFFLINE=1 python experiments/bench_latency.py --model janus_pro_7b
 
 CPU smoke run (seconds): ``python experiments/bench_latency.py --model janus_pro_tiny --compile-backend aot_eager``.
-Writes ``<out>/<model>_<device>.json`` and ``.md`` (default ``results/bench/``).
+Writes ``<out>/<model>_<device>.json`` and ``.md`` (default ``runs/bench/``, untracked: the committed
+``results/bench/`` files change only with an explicit ``--out results/bench``).
 """
 
 from __future__ import annotations
@@ -47,6 +48,9 @@ from csd.config import CONF_DIR, resolve_device
 from csd.engine import JacobiEngine, synchronize
 from csd.hub import load_local_first
 from csd.verify import verify_window
+
+#: where results go without ``--out``: untracked, so a benchmark never overwrites the committed ``results/bench/``
+DEFAULT_OUT = Path("runs/bench")
 
 #: Janus-Pro language-model shapes (DeepSeek-LLM 7B / 1.3B), for offline runs without any model file
 JANUS_PRO_SHAPES = {
@@ -340,7 +344,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--lam", type=float, default=0.1)
     p.add_argument("--delta", type=float, default=0.5)
-    p.add_argument("--out", type=Path, default=Path("results/bench"))
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT,
+                   help=f"results directory (default {DEFAULT_OUT}; the committed ones: results/bench)")
     args = p.parse_args(argv)
     if args.window < 2:
         p.error("--window must be >= 2")

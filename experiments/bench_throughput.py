@@ -19,7 +19,8 @@ CPU (the README table, ~10 min on 2 cores)::
     python -m experiments.bench_throughput --model toy --batch-sizes 1,16 --images 32
 
 GPU (one call): ``python -m experiments.bench_throughput --model janus_pro_1b --images 4 --rounds 2``.
-Writes ``<out>/throughput_<model>_<device>.json`` and ``.md`` (default ``results/bench/``).
+Writes ``<out>/throughput_<model>_<device>.json`` and ``.md`` (default ``runs/bench/``, untracked: the committed
+``results/bench/`` files change only with an explicit ``--out results/bench``).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from csd.engine import JacobiEngine, Request, synchronize
 from csd.toy.domain import toy_prompts
 from experiments.bench_latency import (
     CAPTION,
+    DEFAULT_OUT,
     DTYPES,
     JANUS_PRO_SHAPES,
     SYNTH_BOI,
@@ -164,7 +166,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--delta", type=float, default=0.5)
     p.add_argument("--device", default="auto")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
-    p.add_argument("--out", type=Path, default=Path("results/bench"))
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT,
+                   help=f"results directory (default {DEFAULT_OUT}; the committed ones: results/bench)")
     args = p.parse_args(argv)
     args.methods = args.methods.split(",")
     args.batch_sizes = [int(b) for b in args.batch_sizes.split(",")]

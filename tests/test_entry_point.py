@@ -1,4 +1,5 @@
-"""``run.py stage=evaluate|report`` on an existing run: Hydra's files land there, no stray run dir, a quiet run.log."""
+"""``run.py stage=evaluate|report`` on an existing run: evaluate's Hydra files land in the run, the report's in
+``runs/report/<time>`` (the report directory holds only the report), a quiet run.log."""
 
 from __future__ import annotations
 
@@ -22,14 +23,18 @@ def evaluated(tmp_path_factory: pytest.TempPathFactory) -> Path:
         out = subprocess.run([sys.executable, str(REPO / "run.py"), *args, "logger=disabled"], cwd=root, env=env,
                              capture_output=True, text=True, timeout=600)
         assert out.returncode == 0, out.stderr[-2000:]
+    (root / "report_stdout.txt").write_text(out.stdout)
     return root
 
 
 def test_evaluate_and_report_write_into_the_given_dirs(evaluated: Path) -> None:
-    assert not (evaluated / "runs").exists()
     assert (evaluated / "r" / "metrics.json").exists() and (evaluated / "report" / "table_toy.md").exists()
-    for out_dir, stage in ((evaluated / "r", "evaluate"), (evaluated / "report", "report")):
-        assert (out_dir / "run.log").exists() and (out_dir / ".hydra" / stage / "overrides.yaml").exists()
+    assert (evaluated / "r" / "run.log").exists() and (evaluated / "r" / ".hydra" / "evaluate" / "overrides.yaml").exists()
+    # the report directory holds only the report: reporting committed results leaves no Hydra files there
+    assert not {".hydra", "run.log"} & {p.name for p in (evaluated / "report").iterdir()}
+    (log_dir,) = (evaluated / "runs" / "report").iterdir()
+    assert (log_dir / "run.log").exists() and (log_dir / ".hydra" / "report" / "overrides.yaml").exists()
+    assert sorted(p.name for p in (evaluated / "runs").iterdir()) == ["report"]  # no other stray directory
 
 
 def test_run_log_has_no_open_clip_info_lines(evaluated: Path) -> None:
@@ -45,3 +50,9 @@ def test_a_run_shows_our_progress_bar_but_not_transformers_loading_bar(tmp_path:
                           f"hydra.run.dir={tmp_path}"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "csd: 100%" in out.stderr and "Loading weights" not in out.stderr
+
+
+def test_report_prints_the_compact_table(evaluated: Path) -> None:
+    printed = (evaluated / "report_stdout.txt").read_text()
+    assert "| method " in printed and "latency" not in printed  # the full table (latency, ...) stays in the file
+    assert "full table: report/table_toy.md" in printed

@@ -10,8 +10,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from csd.report import content_plots
 from csd.report.collect import DEFAULT_RESAMPLES, find_run_dirs, load_run, results_frame
-from csd.report.pareto import plot_pareto
-from csd.report.table import write_tables
+from csd.report.pareto import PARETO_Y, plot_pareto
+from csd.report.table import paper_order, write_tables
 
 log = logging.getLogger(__name__)
 
@@ -45,10 +45,10 @@ def build_report(run_dirs_or_sweep_dir: Path | list[Path], cfg: DictConfig) -> P
     df.to_csv(out / "runs.csv", index=False)
     sections = [p.read_text(encoding="utf-8") for p in write_tables(df, out)]
     xs = list(OmegaConf.select(cfg, "eval.report.pareto_x", default=["speedup", "step_compression"]))
-    ys = list(OmegaConf.select(cfg, "eval.report.pareto_y", default=["fid", "clip_score"]))
+    ys = list(OmegaConf.select(cfg, "eval.report.pareto_y", default=PARETO_Y))
     for model, group in df.groupby("model"):
         figures = [plot_pareto(group, xs, ys, f"{model}: speed vs quality", out / f"pareto_{model}.png")]
-        runs = [(row["label"], results[i]) for i, row in group.iterrows()]
+        runs = [(row["label"], results[i]) for i, row in paper_order(group).iterrows()]  # the table's order
         figures += _content(model, runs, out)
         sections.append("\n".join(f"![{p.stem}]({p.name})" for p in figures) + "\n")
     (out / "report.md").write_text("# csd-bench report\n\n" + "\n".join(sections), encoding="utf-8")

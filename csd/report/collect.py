@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ import pandas as pd
 from csd.evaluation import METRICS_FILE, PER_IMAGE_FILE
 from csd.evaluation.intervals import Comparison, paired_difference, paired_speedup
 from csd.evaluation.speed import speedup
+from csd.report.labels import method_defaults
 
 log = logging.getLogger(__name__)
 AR_METHOD = "ar"
@@ -26,13 +28,19 @@ PAIRED = ("clip_score", "scene_acc_overall", "geneval_overall")
 DEFAULT_RESAMPLES = 1000
 
 
+def natural_key(path: Path) -> list[Any]:
+    """Sort key that orders numbered names by number: ``1_sjd`` before ``10_csd_mc`` (Hydra's job numbers)."""
+    return [(0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"(\d+)", path.as_posix())]
+
+
 def find_run_dirs(source: str | Path | Sequence[str | Path]) -> list[Path]:
-    """A sweep directory's run directories (any depth, those with a run.json), or the given list."""
+    """A sweep directory's run directories (any depth, those with a run.json, in :func:`natural_key` order), or the
+    given list."""
     if isinstance(source, (str, Path)):
         root = Path(source)
         if (root / "run.json").exists():
             return [root]
-        return sorted(p.parent for p in root.rglob("run.json"))
+        return sorted((p.parent for p in root.rglob("run.json")), key=natural_key)
     return [Path(p) for p in source]
 
 
@@ -45,18 +53,24 @@ def method_label(method: str, params: dict[str, Any], keys: Sequence[str]) -> st
     return " ".join([method, *(f"{k}={_fmt(params[k])}" for k in params if k in keys)])
 
 
-def label_keys(params_of_runs: Sequence[dict[str, Any]]) -> list[str]:
+def label_keys(params_of_runs: Sequence[dict[str, Any]], defaults: dict[str, Any] | None = None) -> list[str]:
     """The hyper-parameters that name the runs of one method in a report.
 
-    Several runs: the keys whose values differ between them (constant ones would repeat on every
-    point). One run: its method's own keys (not the engine-wide ``window``/``init``/``coupling``/``draft_record``).
+    The keys whose values differ between its runs, and those where a run differs from the method's ``defaults``
+    (:func:`csd.report.labels.method_defaults`); values equal to the defaults in every run would repeat on every
+    point. Without ``defaults`` (a method with no config file), one run is named by its method's own keys (not the
+    engine-wide ``window``/``init``/``coupling``/``draft_record``).
     """
     scalar = [{k: v for k, v in p.items() if k not in ("name", "_target_") and not isinstance(v, (dict, list))}
               for p in params_of_runs]
     keys = list(dict.fromkeys(k for p in scalar for k in p))
+    varying = [k for k in keys if len({repr(p.get(k)) for p in scalar}) > 1]
+    if defaults is not None:
+        return [k for k in keys if k in varying or any(k in p and (k not in defaults or p[k] != defaults[k])
+                                                      for p in scalar)]
     if len(scalar) == 1:
         return [k for k in keys if k not in ENGINE_KEYS]
-    return [k for k in keys if len({repr(p.get(k)) for p in scalar}) > 1]
+    return varying
 
 
 def load_run(run_dir: Path) -> dict[str, Any] | None:
@@ -90,14 +104,16 @@ def vs_reference(run: dict[str, Any], reference: dict[str, Any], n_boot: int) ->
     a, b = run.get("per_image") or [], reference.get("per_image") or []
     if not a or not b:
         return {}
-    out = comparison_columns("speedup", paired_speedup(a, b, n_boot))
+    out = {"n_prompts_paired": len({r["prompt_id"] for r in a} & {r["prompt_id"] for r in b})}
+    out |= comparison_columns("speedup", paired_speedup(a, b, n_boot))
     for name in PAIRED:
         out |= comparison_columns(f"d_{name}", paired_difference(a, b, name, n_boot))
     return out
 
 
 def results_frame(results: Sequence[dict[str, Any]], n_boot: int = DEFAULT_RESAMPLES) -> pd.DataFrame:
-    """One row per run: identity, label (:func:`label_keys`), ``lam``, ``delta``, metrics with ``_lo`` / ``_hi``
+    """One row per run: identity, label (:func:`label_keys`), ``lam``, ``delta``, image and prompt counts (``n_prompts``:
+    the clusters of its intervals, ``n_prompts_paired``: those shared with the AR run), metrics with ``_lo`` / ``_hi``
     interval columns, speed-up vs the AR run of the same model and dataset and, where both runs have
     ``per_image.jsonl``, paired differences ``d_<metric>`` (:data:`PAIRED`), all with ``n_boot`` prompt resamples.
 
@@ -106,7 +122,7 @@ def results_frame(results: Sequence[dict[str, Any]], n_boot: int = DEFAULT_RESAM
     """
     params_of = {m: [r["run"].get("method_params") or {} for r in results if r["run"]["method"] == m]
                  for m in {r["run"]["method"] for r in results}}
-    keys = {m: label_keys(p) for m, p in params_of.items()}
+    keys = {m: label_keys(p, method_defaults(m)) for m, p in params_of.items()}
     rows = []
     for res in results:
         run, params = res["run"], res["run"].get("method_params") or {}
@@ -114,6 +130,7 @@ def results_frame(results: Sequence[dict[str, Any]], n_boot: int = DEFAULT_RESAM
             "run_dir": res["run_dir"], "model": run["model"], "dataset": run["dataset"], "method": run["method"],
             "label": method_label(run["method"], params, keys[run["method"]]), "lam": params.get("lam"),
             "delta": params.get("delta"), "n_images": run.get("n_records"),
+            "n_prompts": len({r["prompt_id"] for r in res.get("per_image") or []}) or None,  # the intervals' clusters
             "protocol": (res.get("protocol") or {}).get("name"), **res["metrics"],  # None without FID / CLIP
             **interval_columns(res.get("intervals") or {}),
         })

@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+import logging
 import math
+import textwrap
+from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
+from omegaconf import OmegaConf
 
+from csd.config import CONF_DIR
+from csd.report.collect import method_label
+from csd.report.labels import method_defaults
+
+log = logging.getLogger(__name__)
+#: characters per line of the console table's notes
+NOTE_WIDTH = 110
 METHOD_ORDER = (
     "ar", "sjd", "sjd_l32", "mcsjd", "sjd_pac", "gsd", "gsd_g25", "addition", "amplify", "amplify_k4", "lantern",
     "entropy_sjd", "cool_sd", "csd", "csd_mc", "csd_pac",
@@ -26,6 +37,15 @@ NOTE_INTERVALS = (
     "Speed-up and Δ (method − AR) are paired: the images both runs have, the same resampled prompts for both."
 )
 NOTE_FLAG = f"{FLAG} the interval contains 0 (speed-up: 1): not distinguishable from AR with this many prompts."
+#: fewer prompts than this behind an interval and it is marked :data:`SMALL_N` (docs/EVALUATION.md#confidence-intervals)
+MIN_PROMPTS = 20
+SMALL_N = "‡"
+NOTE_SMALL_N = (
+    f"{SMALL_N} fewer than {MIN_PROMPTS} prompts behind the interval: a rough guide only (a percentile bootstrap over "
+    "so few prompts is too narrow, docs/EVALUATION.md#confidence-intervals)."
+)
+#: the quality column of the compact console table: the first one measured (the toy's and GenEval's own first)
+MAIN_QUALITY = ("scene_acc_overall", "geneval_overall", "clip_score", "fid")
 NOTE_FID = (
     "FID interval: delete-a-group jackknife over prompts, reference statistics fixed; it is an interval for FID "
     "at this image count. FID is biased upwards on small image sets: compare FIDs only at equal image counts."
@@ -61,9 +81,9 @@ def _decimals(lo: float, hi: float) -> int:
     return min(6, max(0, 1 - math.floor(math.log10(hi - lo))))
 
 
-def interval_cell(value: float, lo: float, hi: float, no_difference: float | None = None) -> str | None:
+def interval_cell(value: float, lo: float, hi: float, no_difference: float | None = None, few: bool = False) -> str | None:
     """``value [lo, hi]`` (``value`` alone without an interval, None without a value), with :data:`FLAG` when the
-    interval contains ``no_difference``."""
+    interval contains ``no_difference`` and :data:`SMALL_N` when it rests on ``few`` prompts."""
     if pd.isna(value):
         return None
     if pd.isna(lo) or pd.isna(hi):
@@ -73,29 +93,60 @@ def interval_cell(value: float, lo: float, hi: float, no_difference: float | Non
         text = f"{value:.{d}f} [{lo:.{d}f}, {hi:.{d}f}]"
     else:
         text = f"{value:.3g} [{lo:.3g}, {hi:.3g}]"
-    return text + (f" {FLAG}" if no_difference is not None and lo <= no_difference <= hi else "")
+    text += f" {FLAG}" if no_difference is not None and lo <= no_difference <= hi else ""
+    return text + (f" {SMALL_N}" if few else "")
+
+
+def interval_cells(rows: pd.DataFrame, column: str) -> list[str | None]:
+    """:func:`interval_cell` of ``column`` in every row; comparisons with AR count the prompts both runs have."""
+    counts = rows.get("n_prompts_paired" if column in NO_DIFFERENCE else "n_prompts", [None] * len(rows))
+    return [interval_cell(v, lo, hi, NO_DIFFERENCE.get(column), few=bool(pd.notna(n) and n < MIN_PROMPTS))
+            for v, lo, hi, n in zip(rows[column], rows[f"{column}_lo"], rows[f"{column}_hi"], counts, strict=True)]
+
+
+def _flag_notes(cells: dict[str, list]) -> list[str]:
+    """The notes of the flags that ``cells`` carry."""
+    texts = [c for column in cells.values() for c in column if isinstance(c, str)]
+    return [note for flag, note in ((FLAG, NOTE_FLAG), (SMALL_N, NOTE_SMALL_N)) if any(flag in c for c in texts)]
+
+
+def defaults_note(methods: Sequence[str]) -> str | None:
+    """The labels' rule and each method's defaults beyond the engine-wide ones of ``conf/method_keys.yaml``
+    (``csd lam=0.1 delta=0.5 ...``); None when no method has a config file."""
+    engine = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "method_keys.yaml"))
+    parts = []
+    for method in dict.fromkeys(methods):
+        defaults = method_defaults(method)
+        if defaults is not None:
+            own = [k for k, v in defaults.items() if k not in engine or engine[k] != v]
+            parts.append(method_label(method, defaults, own))
+    if not parts:
+        return None
+    return ("Labels name only the hyper-parameters that differ from the method's defaults or between its runs; "
+            "the defaults (`conf/method/<method>.yaml`, beyond `conf/method_keys.yaml`): " + "; ".join(parts) + ".")
 
 
 def markdown_table(df: pd.DataFrame) -> tuple[str, list[str]]:
-    """The table in :func:`paper_order` with ``value [lo, hi]`` cells and :data:`FLAG` on comparisons with AR whose
-    interval contains no difference; returns the Markdown and the footnotes it needs."""
+    """The table in :func:`paper_order` with ``value [lo, hi]`` cells, :data:`FLAG` on comparisons with AR whose
+    interval contains no difference and :data:`SMALL_N` on intervals over fewer than :data:`MIN_PROMPTS` prompts;
+    returns the Markdown and the footnotes it needs."""
     rows = paper_order(df)
     cells: dict[str, list] = {}
     for column, header in COLUMNS.items():
         if not _measured(rows, column):
             continue
         if _measured(rows, f"{column}_lo"):
-            cells[header] = [interval_cell(v, lo, hi, NO_DIFFERENCE.get(column))
-                             for v, lo, hi in zip(rows[column], rows[f"{column}_lo"], rows[f"{column}_hi"], strict=True)]
+            cells[header] = interval_cells(rows, column)
         else:
             cells[header] = list(rows[column])
     table = pd.DataFrame(cells).astype(object)
     table = table.where(table.notna(), None)  # tabulate blanks None, not NaN
     notes = [NOTE_INTERVALS] if any(_measured(rows, f"{c}_lo") for c in COLUMNS) else []
-    if any(isinstance(c, str) and c.endswith(FLAG) for column in cells.values() for c in column):
-        notes.append(NOTE_FLAG)
+    notes += _flag_notes(cells)
     if _measured(rows, "fid"):
         notes.append(NOTE_FID)
+    if (note := defaults_note(rows["method"])) is not None:
+        notes.append(note)
     return table.to_markdown(index=False, floatfmt=".3g", missingval=""), notes
 
 
@@ -112,13 +163,52 @@ def table_context(group: pd.DataFrame) -> str:
 
 
 def write_tables(df: pd.DataFrame, out_dir: Path) -> list[Path]:
-    """``table_<model>.csv`` and ``.md`` (with its footnotes) for each model of the sweep; returns the Markdown paths."""
+    """``table_<model>.csv`` and ``.md`` (with its footnotes) for each model of the sweep, warning once per table
+    whose intervals rest on fewer than :data:`MIN_PROMPTS` prompts; returns the Markdown paths."""
     written = []
     for model, group in df.groupby("model"):
         paper_table(group).to_csv(out_dir / f"table_{model}.csv", index=False)
         markdown, notes = markdown_table(group)
+        if NOTE_SMALL_N in notes:
+            log.warning("%s: intervals over fewer than %d prompts (as few as %d) are marked %s in the table: a rough "
+                        "guide only", model, MIN_PROMPTS, group["n_prompts"].min(), SMALL_N)
         md = out_dir / f"table_{model}.md"
         md.write_text(f"### {model} ({table_context(group)})\n\n" + markdown + "\n"
                       + "".join(f"\n{note}\n" for note in notes), encoding="utf-8")
         written.append(md)
     return written
+
+
+def compact_table(group: pd.DataFrame) -> tuple[str, list[str]]:
+    """One model's runs for the console: method, knobs (the label's hyper-parameters), speed-up, step compression
+    and the main quality (:data:`MAIN_QUALITY`) with its interval; returns the Markdown and its flags' notes."""
+    rows = paper_order(group)
+    cells: dict[str, list] = {"method": list(rows["method"])}
+    knobs = [label.removeprefix(method).strip() for label, method in zip(rows["label"], rows["method"], strict=True)]
+    if any(knobs):
+        cells["knobs"] = knobs
+    if _measured(rows, "speedup"):
+        cells[COLUMNS["speedup"]] = (interval_cells(rows, "speedup") if _measured(rows, "speedup_lo")
+                                     else [interval_cell(v, math.nan, math.nan) for v in rows["speedup"]])
+    if _measured(rows, "step_compression"):
+        cells[COLUMNS["step_compression"]] = [None if pd.isna(v) else f"{v:.2f}" for v in rows["step_compression"]]
+    main = next((m for m in MAIN_QUALITY if _measured(rows, m)), None)
+    if main is not None:
+        cells[COLUMNS[main]] = (interval_cells(rows, main) if _measured(rows, f"{main}_lo")
+                                else [interval_cell(v, math.nan, math.nan) for v in rows[main]])
+    table = pd.DataFrame(cells).astype(object)
+    table = table.where(table.notna(), None)
+    return table.to_markdown(index=False, missingval="", disable_numparse=True), _flag_notes(cells)
+
+
+def console_tables(df: pd.DataFrame, out_dir: Path) -> str:
+    """What ``stage=report`` prints: per model its :func:`compact_table`, the notes it needs and where the full
+    table is (``<out_dir>/table_<model>.md``)."""
+    parts = []
+    for model, group in df.groupby("model"):
+        table, notes = compact_table(group)
+        notes = ["`value [lo, hi]`: 95 % interval over prompts.", *notes]
+        parts.append(f"### {model} ({table_context(group)})\n\n{table}\n\n"
+                     + "\n".join(textwrap.fill(note, NOTE_WIDTH) for note in notes)
+                     + f"\nfull table: {out_dir / f'table_{model}.md'}\n")
+    return "\n".join(parts)
