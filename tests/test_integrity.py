@@ -24,7 +24,7 @@ from csd.report import build_report
 from csd.report.collect import load_run
 from csd.rundir import LOCK_FILE
 from csd.status import status_table
-from tests.test_config import make_cfg
+from tests.test_config import make_cfg, run_cli
 from tests.test_eval_fixtures import REPO, eval_cfg, make_run
 from tests.test_rundir import dead_pid, tiny_cfg
 
@@ -194,6 +194,29 @@ def test_evaluate_names_a_broken_or_missing_image_and_says_resume(tmp_path, caps
         png.unlink()
     err = exit_line(stage_cfg("evaluate", tmp_path, run_dir=str(run)), capsys)
     assert f"{png} is missing or unreadable" in err and "resume the run" in err
+
+
+# -- directories that do not exist are named, and nothing is created -----------------------------------------
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["stage=evaluate", "run_dir=gone"], "run_dir=gone does not exist"),
+    (["stage=evaluate", "run_dir=empty"], "run_dir=empty is not a generated run directory (no run.json)"),
+    (["stage=report", "sweep_dir=gone"], "sweep_dir=gone does not exist"),
+    (["stage=status", "run_dir=gone"], "run_dir=gone does not exist"),
+    (["stage=evaluate"], "stage=evaluate needs run_dir="),
+    (["stage=report"], "stage=report needs sweep_dir="),
+    (["stage=status"], "stage=status needs sweep_dir=<dir> or run_dir=<dir>"),
+    (["stage=generate", "run_dir=afile"], "run_dir=afile is a file"),
+])
+def test_cli_names_a_missing_directory_and_creates_nothing(tmp_path, args, message):
+    (tmp_path / "afile").write_text("")
+    (tmp_path / "empty").mkdir()
+    out = run_cli(*args, "logger=disabled", cwd=tmp_path)
+    assert out.returncode == 2 and out.stderr.startswith(f"error: {message}"), out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "empty"]
+    assert not any((tmp_path / "empty").iterdir())
 
 
 # -- status counts the records a resume keeps; resume and evaluate agree on records of other settings --------
