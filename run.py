@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from csd.cli import run_stages
+from csd.cli import check_before_hydra, run_stages
 
 
 def output_dir(stage: str, run_dir: str | None, sweep_dir: str | None, new_dir: str, report_log_dir: str) -> str:
@@ -32,4 +35,5 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    check_before_hydra(sys.argv[1:])  # a missing or mistyped run_dir / sweep_dir, before Hydra creates it
     main()

@@ -10,10 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from csd.adapters.base import MissingWeightsError
-from csd.config import ConfigError, validate
+from csd.config import CONF_DIR, ConfigError, validate
 from csd.lockfile import LockHeldError
 from csd.records import RecordsError
 
@@ -52,6 +54,70 @@ def one_gpu_per_shard(cfg: DictConfig) -> None:
         log.info("shard %d: CUDA_VISIBLE_DEVICES=%s", cfg.dataset.shard, os.environ["CUDA_VISIBLE_DEVICES"])
 
 
+#: stages that read a directory which must exist -> the keys that may name it, in the order the stage reads
+READS = {"evaluate": ("run_dir",), "report": ("sweep_dir", "run_dir"), "status": ("sweep_dir", "run_dir")}
+#: what the directory named by each key of READS holds
+HOLDS = {"run_dir": "a run", "sweep_dir": "a sweep or a run"}
+
+
+def check_dirs(stage: str, run_dir: str | None, sweep_dir: str | None, run_key: str = "run_dir") -> None:
+    """Refuse, in one line, a directory the stage cannot use, before anything is created.
+
+    ``stage=evaluate`` needs ``run_dir`` holding a generated run (its run.json); report and status need
+    an existing ``sweep_dir`` or ``run_dir``; the stages that write need a ``run_dir`` that is a directory or
+    does not exist yet. ``run_key`` names the key ``run_dir`` came from (``hydra.run.dir`` given instead).
+    """
+    given = {"run_dir": run_dir, "sweep_dir": sweep_dir}
+    if stage in READS:
+        key = next((k for k in READS[stage] if given[k]), None)
+        if key is None:
+            raise ConfigError(f"stage={stage} needs " + " or ".join(f"{k}=<dir>" for k in READS[stage]))
+        name = f"{run_key if key == 'run_dir' else key}={given[key]}"
+        path = Path(given[key])
+        if not path.is_dir():
+            what = "is a file, not a directory" if path.exists() else "does not exist"
+            raise ConfigError(f"{name} {what}; give the directory of {HOLDS[key]}")
+        if stage == "evaluate" and not (path / "run.json").exists():
+            raise ConfigError(f"{name} is not a generated run directory (no run.json)")
+    elif run_dir:
+        path = Path(run_dir)
+        blocker = next((p for p in (path, *path.parents) if p.exists()), path)
+        if blocker.exists() and not blocker.is_dir():
+            where = "" if blocker == path else f": {blocker}"
+            raise ConfigError(
+                f"{run_key}={run_dir}{where} is a file, not a directory; "
+                "give a new directory or a run to resume"
+            )
+
+
+def check_before_hydra(argv: list[str]) -> None:
+    """:func:`check_dirs` on the command line's config before Hydra creates its output directory
+    (``.hydra/``, ``run.log``: in the run_dir or sweep_dir given), so a mistyped directory is named, not made.
+
+    Prints one line and exits with status 2. Hydra's flags (``-m``, ``--cfg``, ...) skip the check (the jobs
+    of a multirun have directories of their own), and so does a command line Hydra cannot compose (Hydra
+    reports it).
+    """
+    from hydra import compose, initialize_config_dir
+
+    if any(arg.startswith("-") for arg in argv):
+        return
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            cfg = compose("config", overrides=argv, return_hydra_config=True)
+        hydra_dir = OmegaConf.to_container(cfg.hydra.run, resolve=False)["dir"]
+        explicit = not str(hydra_dir).startswith("${csd_output_dir:")  # hydra.run.dir given: it is the run
+        run_dir = cfg.run_dir or (cfg.hydra.run.dir if explicit else None)
+    except (HydraException, OmegaConfBaseException):
+        return
+    try:
+        run_key = "hydra.run.dir" if explicit and not cfg.run_dir else "run_dir"
+        check_dirs(cfg.stage, run_dir, cfg.sweep_dir, run_key)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
 def run_stages(cfg: DictConfig) -> None:
     """Run ``cfg.stage``; configuration and missing-file errors end the run with one clear line.
 
@@ -70,6 +136,7 @@ def run_stages(cfg: DictConfig) -> None:
         transformers_logging.set_tqdm_hook(without_progress_bar)
         if cfg.threads is not None:
             torch.set_num_threads(cfg.threads)
+        check_dirs(cfg.stage, cfg.run_dir, cfg.sweep_dir)
         run_dir = Path(cfg.run_dir)
         if cfg.stage == "status":
             from csd.status import status_table

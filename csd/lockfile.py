@@ -32,6 +32,22 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
+def lock_holder(path: Path) -> str | None:
+    """``pid <pid> on host <host>`` of the process that may hold the lock file ``path``; None when there is
+    no lock or it is stale (it names a process on this host that no longer exists). A holder on another host
+    cannot be checked from here, and a lock naming no holder may be one being written: both count as held."""
+    try:
+        text = path.read_text()
+    except OSError:
+        return None
+    try:
+        holder = json.loads(text)
+        pid, host = int(holder["pid"]), str(holder["host"])
+    except (ValueError, KeyError, TypeError):
+        return "a process that has not yet written its name"
+    return None if host == socket.gethostname() and not pid_alive(pid) else f"pid {pid} on host {host}"
+
+
 class FileLock:
     """``with FileLock(path):`` holds ``path`` exclusively; released (the file removed) on exit.
 

@@ -84,6 +84,13 @@ def update_run_info(path: Path, **fields: Any) -> None:
     write_json(path, {**(json.loads(path.read_text()) if path.exists() else {}), **fields})
 
 
+def run_settings(cfg: DictConfig) -> dict[str, Any]:
+    """The method, model and method_params that run.json records for ``cfg``, as JSON: every record repeats
+    them (a resume sets aside those that do not, :class:`RecordWriter`)."""
+    params = method_params(cfg.method)
+    return json.loads(json.dumps({"method": cfg.method.name, "model": cfg.model.name, "method_params": params}))
+
+
 def make_record(
     cfg: DictConfig, params: dict, prompt: Prompt, index: int, sample: int, gen: Generation, vq_decode_s: float, grid
 ) -> ImageRecord:
@@ -124,8 +131,10 @@ def generate_run(cfg: DictConfig) -> Path:
 
     Holds the directory's (or its shard's) lock and checks its fingerprint and shard count (csd.rundir)
     before the model loads, so a second writer or a resume with other settings is refused without adding a
-    record. With ``dataset.num_shards > 1`` only the prompts of shard ``dataset.shard`` (:func:`shard_of`)
-    are generated, into the shard's own records file.
+    record. Records a resume cannot use (:class:`RecordWriter`; among them records whose method, model or
+    method_params are not the run's, which the evaluate stage would refuse) are set aside and redone. With
+    ``dataset.num_shards > 1`` only the prompts of shard ``dataset.shard`` (:func:`shard_of`) are generated,
+    into the shard's own records file.
     """
     validate(cfg)
     prompts = load_prompts(cfg.dataset)
@@ -135,7 +144,7 @@ def generate_run(cfg: DictConfig) -> Path:
     with generate_lock(run_dir, shard, num_shards):
         check_fingerprint(run_dir, cfg, prompts)
         check_shards(run_dir, cfg, prompts)
-        writer = RecordWriter(run_dir, records_file(shard, num_shards))
+        writer = RecordWriter(run_dir, records_file(shard, num_shards), expected=run_settings(cfg))
         try:
             generate_missing(cfg, prompts, writer)
         except KeyboardInterrupt:

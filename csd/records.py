@@ -12,7 +12,8 @@ Layout of a run directory (everything later stages read; they never touch engine
       metrics.json       written by the evaluate stage
       fingerprint.json   what determines the images (csd.rundir); a resume with other values is refused
       .lock              held by the process generating into the directory (csd.lockfile)
-      records.rejected.jsonl  record lines a resume could not use (unreadable, duplicate, image missing)
+      records.rejected.jsonl  record lines a resume could not use (unreadable, duplicate, other settings,
+                         image missing)
 
 A record line is written with a single ``write`` + ``fsync`` after its PNG is in place, so an
 interrupted run leaves at most one incomplete trailing line, which :func:`load_records` drops (and
@@ -22,9 +23,11 @@ readers; a resume moves it to ``records.rejected.jsonl`` and regenerates its ima
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -44,6 +47,14 @@ REJECT_KINDS = {
     "unreadable": "unreadable; their images will be generated again",
     "image missing": "records whose image file is missing or unreadable; their images will be generated again",
     "repeated": "repeats of an image already recorded (the first record of each is kept)",
+    "other settings": "records made with other settings than the run's (method, model or method_params); "
+                      "their images will be generated again",
+}
+#: the run.json fields every record of the run must repeat (:func:`settings_mismatch`)
+SETTINGS_FIELDS = ("method", "model", "method_params")
+#: method keys added after runs were made, with the value those runs used without recording it
+IMPLICIT_METHOD_PARAMS = {
+    "draft_record": "onehot", "tree_width": 1, "tree_depth": 1, "pac_code_parity": False,
 }
 
 #: values of ``ImageRecord.commit_kind``: how each body position was committed
@@ -170,9 +181,27 @@ def load_records(run_dir: str | Path) -> list[dict[str, Any]]:
     return [record for _, record in load_located_records(run_dir)]
 
 
+def settings_mismatch(record: dict[str, Any], settings: dict[str, Any]) -> tuple[str, Any, Any] | None:
+    """Where ``record`` was made with other settings than the run's (``settings``: run.json's method, model
+    and method_params): ``(field, record's value, run's value)`` of the first differing field
+    (``method_params.<key>`` for a parameter), or None. A parameter one side lacks matches its
+    :data:`IMPLICIT_METHOD_PARAMS` value."""
+    for field in SETTINGS_FIELDS:
+        ours, theirs = record.get(field), settings.get(field)
+        if field == "method_params" and isinstance(ours, dict) and isinstance(theirs, dict):
+            for key in sorted(ours.keys() | theirs.keys()):
+                implicit = IMPLICIT_METHOD_PARAMS.get(key)
+                if ours.get(key, implicit) != theirs.get(key, implicit):
+                    return f"{field}.{key}", ours.get(key), theirs.get(key)
+        elif ours != theirs:
+            return field, ours, theirs
+    return None
+
+
 def check_records_match(records: list[dict[str, Any]], info: dict[str, Any], where: list[str]) -> None:
     """Refuse records that run.json does not describe (other method, model or method_params) or that repeat
-    an image: metrics over them would mix two configurations. ``where[i]`` names ``records[i]`` (file:line)."""
+    an image: metrics over them would mix two configurations. ``where[i]`` names ``records[i]`` (file:line).
+    A resume sets both kinds aside (:class:`RecordWriter`), so the message says to resume."""
     first: dict[tuple[str, int], str] = {}
     for at, record in zip(where, records, strict=True):
         key = (record["prompt_id"], record["sample"])
@@ -184,17 +213,21 @@ def check_records_match(records: list[dict[str, Any]], info: dict[str, Any], whe
                 "resume the run (stage=generate) to set it aside"
             )
         first[key] = at
-        for field in ("method", "model", "method_params"):
-            ours, theirs = record.get(field), info.get(field)
-            if ours == theirs:
-                continue
-            if isinstance(ours, dict) and isinstance(theirs, dict):
-                sub = sorted(k for k in ours.keys() | theirs.keys() if ours.get(k) != theirs.get(k))[0]
-                field, ours, theirs = f"{field}.{sub}", ours.get(sub), theirs.get(sub)
+        mismatch = settings_mismatch(record, info)
+        if mismatch:
+            field, ours, theirs = mismatch
             raise RecordsError(
-                f"{at}: {key[0]} sample {key[1]} has {field}={ours!r} but run.json says {theirs!r}; "
-                "metrics would mix two configurations"
+                f"{at}: {key[0]} sample {key[1]} has {field}={ours!r} but run.json says {theirs!r}; metrics "
+                "would mix two configurations: resume the run (stage=generate) to set it aside and redo it"
             )
+
+
+def records_digest(records: Iterable[dict[str, Any]]) -> str:
+    """sha256 of the ``(prompt_id, sample, tokens)`` of ``records`` in (prompt_id, sample) order:
+    metrics.json's ``records_sha256``, which tells a later reader whether the run still holds the records
+    evaluated."""
+    rows = sorted(([r["prompt_id"], r["sample"], r["tokens"]] for r in records), key=lambda row: row[:2])
+    return hashlib.sha256(json.dumps(rows, separators=(",", ":")).encode()).hexdigest()
 
 
 def image_readable(path: Path) -> bool:
@@ -207,24 +240,65 @@ def image_readable(path: Path) -> bool:
     return True
 
 
+@dataclass
+class UsableLines:
+    """The lines of one records file as a resume sees them (:func:`usable_lines`)."""
+
+    kept: list[bytes]
+    #: (prompt_id, sample) -> line number of each usable record
+    done: dict[tuple[str, int], int]
+    #: (kind of :data:`REJECT_KINDS`, line number, line, reason) of each line a resume sets aside
+    rejected: list[tuple[str, int, bytes, str]]
+
+
+def usable_lines(run_dir: Path, path: Path, settings: dict[str, Any] | None = None) -> UsableLines:
+    """Which complete lines of the records file ``path`` a resume keeps, and which it sets aside: unreadable
+    lines, repeats of an image already kept, records made with other ``settings`` than the run's (method,
+    model, method_params; not checked when None) and records whose image is missing or unreadable. Reads
+    only: :class:`RecordWriter` moves the lines, ``stage=status`` counts them."""
+    out = UsableLines([], {}, [])
+    for number, line in enumerate(complete_lines(path), 1):
+        try:
+            record = parse_record(line)
+        except ValueError as err:
+            out.rejected.append(("unreadable", number, line, str(err)))
+            continue
+        key = (record["prompt_id"], record["sample"])
+        mismatch = settings_mismatch(record, settings) if settings is not None else None
+        if key in out.done:
+            out.rejected.append(("repeated", number, line, f"repeats line {out.done[key]}"))
+        elif mismatch:
+            field, ours, theirs = mismatch
+            why = f"made with other settings ({field}={ours!r}, the run's is {theirs!r})"
+            out.rejected.append(("other settings", number, line, why))
+        elif not image_readable(run_dir / record["image"]):
+            out.rejected.append(("image missing", number, line, f"{record['image']} missing or unreadable"))
+        else:
+            out.done[key] = number
+            out.kept.append(line)
+    return out
+
+
 class RecordWriter:
     """Appends records and images to a run directory; knows which (prompt, sample) pairs are done.
 
-    On opening an existing directory, record lines that cannot be used are moved to
-    ``records.rejected.jsonl`` (so their images are generated again): unreadable lines, records whose
-    image is missing or unreadable, and repeats of an image already recorded. Readable records are
-    never dropped: they stay in ``records.jsonl`` or move to the rejected file.
+    On opening an existing directory, record lines that cannot be used (:func:`usable_lines`; ``expected``
+    holds the run's method, model and method_params, as run.json does) are moved to
+    ``records.rejected.jsonl``, so their images are generated again. Readable records are never dropped:
+    they stay in ``records.jsonl`` or move to the rejected file.
 
     ``name`` is the file it appends to (one per shard, :func:`records_file`); only that file is cleaned,
     but ``done`` also holds the images recorded in the run's other records files.
     """
 
-    def __init__(self, run_dir: str | Path, name: str = RECORDS_FILE) -> None:
+    def __init__(
+        self, run_dir: str | Path, name: str = RECORDS_FILE, expected: dict[str, Any] | None = None
+    ) -> None:
         self.run_dir = Path(run_dir)
         (self.run_dir / IMAGES_DIR).mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / name
         self._drop_incomplete_tail()
-        self.done = self._set_aside_unusable() | self._done_elsewhere()
+        self.done = self._set_aside_unusable(expected) | self._done_elsewhere()
 
     def _done_elsewhere(self) -> set[tuple[str, int]]:
         """The images other records files of the run hold (readable lines; each file's writer cleans it)."""
@@ -248,43 +322,27 @@ class RecordWriter:
             with open(self.path, "r+b") as f:
                 f.truncate(keep)
 
-    def _set_aside_unusable(self) -> set[tuple[str, int]]:
+    def _set_aside_unusable(self, expected: dict[str, Any] | None) -> set[tuple[str, int]]:
         """Move unusable lines to the rejected file (then rewrite records.jsonl atomically); the usable keys."""
-        kept: list[bytes] = []
-        done: dict[tuple[str, int], int] = {}
-        rejected: list[tuple[str, int, bytes, str]] = []  # (kind, line number, line, reason)
-        for number, line in enumerate(complete_lines(self.path), 1):
-            try:
-                record = parse_record(line)
-            except ValueError as err:
-                rejected.append(("unreadable", number, line, str(err)))
-                continue
-            key = (record["prompt_id"], record["sample"])
-            if key in done:
-                rejected.append(("repeated", number, line, f"repeats line {done[key]}"))
-            elif not image_readable(self.run_dir / record["image"]):
-                rejected.append(("image missing", number, line, f"{record['image']} missing or unreadable"))
-            else:
-                done[key] = number
-                kept.append(line)
-        if not rejected:
-            return set(done)
+        lines = usable_lines(self.run_dir, self.path, expected)
+        if not lines.rejected:
+            return set(lines.done)
         with open(self.run_dir / REJECTED_FILE, "a", encoding="utf-8") as f:
-            for _, number, line, reason in rejected:
+            for _, number, line, reason in lines.rejected:
                 f.write(json.dumps({"line": number, "reason": reason, "text": line.decode("utf-8", "replace")}) + "\n")
             f.flush()
             os.fsync(f.fileno())
         tmp = self.path.with_suffix(".jsonl.tmp")
         with open(tmp, "wb") as f:
-            f.writelines(kept)
+            f.writelines(lines.kept)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self.path)
         for kind, what in REJECT_KINDS.items():
-            numbers = [str(number) for k, number, _, _ in rejected if k == kind]
+            numbers = [str(number) for k, number, _, _ in lines.rejected if k == kind]
             if numbers:
                 log.warning("%s: line(s) %s moved to %s: %s", self.path, ", ".join(numbers), REJECTED_FILE, what)
-        return set(done)
+        return set(lines.done)
 
     def write(self, record: ImageRecord, image: np.ndarray) -> None:
         """Save the PNG (atomically), then append the record line in one write."""

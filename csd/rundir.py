@@ -13,15 +13,24 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
 from csd.config import ConfigError, load_prompts, resolve_device
-from csd.lockfile import FileLock
+from csd.lockfile import FileLock, lock_holder
 from csd.prompts import Prompt
-from csd.records import RECORDS_FILE, complete_lines, record_files, records_file, shard_suffix
+from csd.records import (
+    IMPLICIT_METHOD_PARAMS,
+    RECORDS_FILE,
+    SETTINGS_FIELDS,
+    record_files,
+    records_file,
+    shard_suffix,
+    usable_lines,
+)
 
 FINGERPRINT_FILE = "fingerprint.json"
 SHARDS_FILE = "shards.json"
@@ -71,8 +80,7 @@ def _digest(keys: dict[str, Any]) -> str:
 #: keys added to the configs after runs were made, with the value those runs used without naming it
 #: (``dataset.caption_rule``: COCO configs only, the loader's one rule before the option; the tree keys: chain windows)
 ADDED_KEYS = {
-    "method.draft_record": "onehot", "method.tree_width": 1, "method.tree_depth": 1, "method.pac_code_parity": False,
-    "dataset.caption_rule": "longest",
+    **{f"method.{k}": v for k, v in IMPLICIT_METHOD_PARAMS.items()}, "dataset.caption_rule": "longest",
 }
 
 
@@ -161,9 +169,17 @@ def expected_images(run_dir: Path, n_images: int) -> dict[str, int]:
     return json.loads(path.read_text())["totals"] if path.exists() else {RECORDS_FILE: n_images}
 
 
-def shard_progress(run_dir: Path, n_images: int) -> dict[str, tuple[int, int]]:
-    """Records file -> (images recorded, images owed); counts complete lines (repeats are set aside on resume)."""
-    return {name: (len(complete_lines(run_dir / name)), total) for name, total in expected_images(run_dir, n_images).items()}
+def shard_progress(run_dir: Path, info: dict[str, Any]) -> dict[str, tuple[int, int]]:
+    """Records file -> (usable images, images owed), ``info`` being the run's run.json (empty if it has none).
+
+    Counts the records a resume keeps (:func:`csd.records.usable_lines`: readable, first of their image, made
+    with run.json's settings, image readable), so an image whose record a resume would set aside is owed.
+    """
+    settings = {k: info.get(k) for k in SETTINGS_FIELDS} if info else None
+    return {
+        name: (len(usable_lines(run_dir, run_dir / name, settings).done), total)
+        for name, total in expected_images(run_dir, info.get("n_images", 0)).items()
+    }
 
 
 def differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
@@ -221,6 +237,16 @@ def check_fingerprint(run_dir: Path, cfg: DictConfig, prompts: list[Prompt]) -> 
 def lock_file(shard: int, num_shards: int) -> str:
     """``.lock`` for an unsharded run, ``.lock.shard-003-of-008`` for a shard."""
     return LOCK_FILE if num_shards == 1 else f"{LOCK_FILE}.{shard_suffix(shard, num_shards)}"
+
+
+def live_writers(run_dir: Path) -> list[tuple[Path, str]]:
+    """``(lock file, holder)`` of every generate lock of ``run_dir`` (its own, its shards') whose holder may
+    still be writing records (:func:`csd.lockfile.lock_holder`: a lock left by a process gone from this host
+    is not)."""
+    pattern = re.escape(LOCK_FILE) + r"(\.shard-\d+-of-\d+)?"
+    locks = [run_dir / LOCK_FILE, *sorted(run_dir.glob(f"{LOCK_FILE}.shard-*"))]
+    named = [lock for lock in locks if re.fullmatch(pattern, lock.name)]  # not a lock being taken over
+    return [(lock, holder) for lock in named if (holder := lock_holder(lock))]
 
 
 class RunLock(FileLock):

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from csd.records import check_records_match, load_located_records
+from csd.records import RecordsError, check_records_match, image_readable, load_located_records
 
 
 class NotApplicable(Exception):
@@ -51,17 +51,20 @@ def merge_shard_info(info: dict[str, Any], run_dir: Path) -> dict[str, Any]:
 
 @dataclass
 class EvalContext:
-    """A finished run as the metrics read it; ``eval`` is the ``eval`` config group."""
+    """A finished run as the metrics read it; ``eval`` is the ``eval`` config group, ``where[i]`` names the
+    records file and line of ``records[i]``."""
 
     run_dir: Path
     info: dict[str, Any]
     records: list[dict[str, Any]]
     eval: DictConfig
     device: torch.device
+    where: list[str] = field(default_factory=list)
 
     @classmethod
     def load(cls, run_dir: str | Path, eval_cfg: DictConfig, device: str = "auto") -> EvalContext:
-        """Read ``run.json`` and the records of every shard, refusing records that ``run.json`` does not describe."""
+        """Read ``run.json`` and the records of every shard, refusing records that ``run.json`` does not
+        describe and records whose image is missing or unreadable (a resume sets both aside, redoes them)."""
         run_dir = Path(run_dir)
         info_path = run_dir / "run.json"
         if not info_path.exists():
@@ -71,9 +74,14 @@ class EvalContext:
         if not records:
             raise FileNotFoundError(f"no records in {run_dir}: run stage=generate first")
         info = merge_shard_info(json.loads(info_path.read_text()), run_dir)
-        check_records_match(records, info, [at for at, _ in located])
+        where = [at for at, _ in located]
+        check_records_match(records, info, where)
+        for at, record in located:
+            if not image_readable(run_dir / record["image"]):
+                raise RecordsError(f"{at}: {run_dir / record['image']} is missing or unreadable; "
+                                   "resume the run (stage=generate) to make the image again")
         dev = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
-        return cls(run_dir, info, records, eval_cfg, torch.device(dev))
+        return cls(run_dir, info, records, eval_cfg, torch.device(dev), where)
 
     @cached_property
     def run_config(self) -> DictConfig:

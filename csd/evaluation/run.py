@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,8 @@ from csd.evaluation.context import EvalContext, NotApplicable
 from csd.evaluation.fid_interval import GROUPS
 from csd.evaluation.intervals import LEVEL, SEED, run_intervals
 from csd.evaluation.metrics import METRICS
-from csd.rundir import SHARDS_FILE, shard_progress
+from csd.records import records_digest
+from csd.rundir import expected_images, live_writers
 
 log = logging.getLogger(__name__)
 
@@ -33,16 +35,28 @@ def evaluate_run(run_dir: Path, cfg: DictConfig) -> dict[str, Any]:
     Metrics come from ``cfg.eval.metrics`` (``cfg.eval.toy.metrics`` for toy models). A metric that
     cannot run (missing weights or data, not applicable) is recorded under ``skipped`` with the
     reason, or raises when ``cfg.eval.strict`` is set. Metrics are over the union of a sharded run's shards;
-    see :func:`missing_images` for incomplete shards. ``intervals`` holds each metric's 95 % interval: a bootstrap
+    a run with missing images (:func:`missing_images`), or one a live process still generates into
+    (:func:`csd.rundir.live_writers`), is refused unless ``eval.allow_partial``. ``run.records_sha256``
+    names the records evaluated (:func:`records_digest`), so that the report and ``stage=status`` can tell
+    when they changed. ``intervals`` holds each metric's 95 % interval: a bootstrap
     over ``cfg.eval.bootstrap`` prompt resamples, for FID a jackknife over prompts (``eval.bootstrap=0``: none;
     docs/EVALUATION.md#confidence-intervals).
     """
+    writers = live_writers(Path(run_dir))
+    if writers and not OmegaConf.select(cfg, "eval.allow_partial", default=False):
+        lock, holder = writers[0]
+        raise ConfigError(
+            f"{run_dir}: {holder} is generating into it (lock {lock}); evaluate it when that has finished, "
+            "or set eval.allow_partial=true to evaluate the images recorded so far"
+        )
     ctx = EvalContext.load(run_dir, cfg.eval, OmegaConf.select(cfg, "device", default="auto"))
     missing = missing_images(ctx)
     names = list(ctx.eval.toy.metrics if ctx.is_toy else ctx.eval.metrics)
     result: dict[str, Any] = {
-        "run": {k: ctx.info.get(k) for k in RUN_FIELDS} | {"n_records": len(ctx.records)}
-        | ({"allow_partial": True, "missing": missing} if missing else {}),
+        "run": {k: ctx.info.get(k) for k in RUN_FIELDS}
+        | {"n_records": len(ctx.records), "records_sha256": records_digest(ctx.records)}
+        | ({"allow_partial": True, "missing": missing} if missing or writers else {})
+        | ({"generating": [holder for _, holder in writers]} if writers else {}),
         "metrics": {}, "intervals": {}, "skipped": {}, "protocol": {}, "content": {},
     }
     per_image: dict[str, list] = {}
@@ -101,15 +115,22 @@ def write_per_image(ctx: EvalContext, per_image: dict[str, list]) -> Path:
 
 
 def missing_images(ctx: EvalContext) -> dict[str, int]:
-    """Records file -> images it still lacks, for a sharded run (``shards.json``; an unsharded run is
-    evaluated as it is). Incomplete shards raise :class:`ConfigError` unless ``eval.allow_partial``."""
-    path = ctx.run_dir / SHARDS_FILE
-    if not path.exists() or json.loads(path.read_text())["num_shards"] == 1:
-        return {}
-    progress = shard_progress(ctx.run_dir, ctx.info["n_images"])
-    missing = {name: total - done for name, (done, total) in progress.items() if done < total}
-    if missing and not OmegaConf.select(ctx.eval, "allow_partial", default=False):
-        shards = ", ".join(f"{name} lacks {n} of {progress[name][1]}" for name, n in missing.items())
+    """Records file -> images it still lacks (``shards.json``, else run.json's ``n_images``): a run or shard
+    killed mid-way raises :class:`ConfigError` unless ``eval.allow_partial``."""
+    counts = Counter(Path(at.rsplit(":", 1)[0]).name for at in ctx.where)
+    expected = expected_images(ctx.run_dir, ctx.info.get("n_images", 0))
+    missing = {name: total - counts[name] for name, total in expected.items() if counts[name] < total}
+    if OmegaConf.select(ctx.eval, "allow_partial", default=False):
+        return missing
+    if len(expected) == 1 and missing:
+        name, n = next(iter(missing.items()))
+        total = expected[name]
+        raise ConfigError(
+            f"{ctx.run_dir} is incomplete ({name} has {total - n} of {total} images); finish it (rerun the "
+            f"command that generated it, with run_dir={ctx.run_dir}) or set eval.allow_partial=true"
+        )
+    if missing:
+        shards = ", ".join(f"{name} lacks {n} of {expected[name]}" for name, n in missing.items())
         raise ConfigError(
             f"{ctx.run_dir} is incomplete ({shards}); finish those shards (stage=generate with the same "
             "dataset.num_shards and dataset.shard) or set eval.allow_partial=true"

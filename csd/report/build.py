@@ -8,6 +8,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from csd.evaluation import METRICS_FILE
 from csd.report import content_plots
 from csd.report.collect import DEFAULT_RESAMPLES, find_run_dirs, load_run, results_frame
 from csd.report.pareto import PARETO_Y, plot_pareto
@@ -31,13 +32,21 @@ def report_dir(source: Path | Sequence[Path], cfg: DictConfig) -> Path:
 def build_report(run_dirs_or_sweep_dir: Path | list[Path], cfg: DictConfig) -> Path:
     """Write ``runs.csv``, per-model tables (CSV + Markdown), Pareto and content plots and ``report.md``.
 
-    Reads only each run's ``metrics.json`` and ``per_image.jsonl`` (runs not evaluated are skipped with a warning),
+    Reads each run's ``metrics.json`` and ``per_image.jsonl``, and its records to check that the metrics still
+    describe them (runs not evaluated, with a broken file or with stale metrics are skipped with a warning),
     plus the runs listed in ``eval.report.extra_runs`` (e.g. an AR baseline); paired comparisons with the AR run
     use ``eval.bootstrap`` prompt resamples. Returns the report directory.
     """
     extra = [Path(p) for p in OmegaConf.select(cfg, "eval.report.extra_runs", default=None) or []]
-    results = [r for r in map(load_run, find_run_dirs(run_dirs_or_sweep_dir) + extra) if r is not None]
+    dirs = find_run_dirs(run_dirs_or_sweep_dir) + extra
+    results = [r for r in map(load_run, dirs) if r is not None]
     if not results:
+        evaluated = sum((d / METRICS_FILE).exists() for d in dirs)
+        if evaluated:
+            raise FileNotFoundError(
+                f"no usable metrics.json under {run_dirs_or_sweep_dir}: {evaluated} left out "
+                "(see the warnings above)"
+            )
         raise FileNotFoundError(f"no evaluated runs (metrics.json) under {run_dirs_or_sweep_dir}")
     out = report_dir(run_dirs_or_sweep_dir, cfg)
     out.mkdir(parents=True, exist_ok=True)

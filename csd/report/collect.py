@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from csd.evaluation import METRICS_FILE, PER_IMAGE_FILE
+from csd.evaluation.freshness import STALE, UNVERIFIED, metrics_state, refresh_hint
 from csd.evaluation.intervals import Comparison, paired_difference, paired_speedup
 from csd.evaluation.speed import speedup
 from csd.report.labels import method_defaults
@@ -75,14 +76,37 @@ def label_keys(params_of_runs: Sequence[dict[str, Any]], defaults: dict[str, Any
 
 def load_run(run_dir: Path) -> dict[str, Any] | None:
     """The full ``metrics.json`` of a run plus its directory and ``per_image`` rows (``per_image.jsonl``; empty
-    for runs evaluated before it existed), or None (with a warning) if not evaluated."""
+    for runs evaluated before it existed), or None with a warning naming the run and the fix: not evaluated,
+    a file that is not valid JSON, or metrics that no longer describe the run's records (resumed or repaired
+    since: :func:`csd.evaluation.freshness.metrics_state`)."""
     path = run_dir / METRICS_FILE
     if not path.exists():
         log.warning("%s has no %s (run stage=evaluate); left out of the report", run_dir, METRICS_FILE)
         return None
     rows_path = run_dir / PER_IMAGE_FILE
-    rows = [json.loads(line) for line in rows_path.read_text(encoding="utf-8").splitlines()] if rows_path.exists() else []
-    return {**json.loads(path.read_text(encoding="utf-8")), "run_dir": str(run_dir), "per_image": rows}
+    try:
+        metrics = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as err:
+        return not_json(path, err)
+    try:
+        lines = rows_path.read_text(encoding="utf-8").splitlines() if rows_path.exists() else []
+        rows = [json.loads(line) for line in lines]
+    except ValueError as err:
+        return not_json(rows_path, err)
+    state, message = metrics_state(run_dir, metrics)
+    if state == STALE:
+        log.warning("%s: %s; left out of the report", run_dir, message)
+        return None
+    if state == UNVERIFIED:
+        log.info("%s: %s", run_dir, message)
+    return {**metrics, "run_dir": str(run_dir), "per_image": rows}
+
+
+def not_json(path: Path, err: ValueError) -> None:
+    """Warn that the evaluate stage's file ``path`` is broken (e.g. cut short by a full disk), and the fix."""
+    run_dir = path.parent
+    log.warning("%s is not valid JSON (%s); %s left out of the report: %s", path, err, run_dir,
+                refresh_hint(run_dir))
 
 
 def interval_columns(intervals: dict[str, Sequence[float]]) -> dict[str, float]:
