@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from csd.cli import run_stages
+from csd.cli import check_command_line, run_stages
 
 
 def output_dir(stage: str, run_dir: str | None, sweep_dir: str | None, report_dir: str | None, new_dir: str) -> str:
@@ -33,4 +34,5 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    check_command_line(sys.argv[1:])  # typos get one line with the closest keys, not Hydra's "+key=..." hint
     main()
