@@ -176,8 +176,10 @@ def run_stages(cfg: DictConfig) -> None:
         raise SystemExit(130) from None
 
 
-def interrupted_message(cfg: DictConfig, saved: str) -> str:
-    """What Ctrl-C left (``saved``: the generate stage's "N of M images saved in <dir>") and how to go on."""
+def interrupted_message(cfg: DictConfig, saved: str, multirun: bool | None = None) -> str:
+    """What Ctrl-C left (``saved``: the generate stage's "N of M images saved in <dir>") and how to go on.
+    ``multirun``: whether ``cfg`` is a multirun job's (None: ask Hydra, as the job itself does; the submitting
+    process of a sweep says so: hydra_plugins/csd_launcher)."""
     if cfg.stage == "report":
         return "the report was not finished; run the same command again"
     run_dir = Path(cfg.run_dir)
@@ -187,5 +189,7 @@ def interrupted_message(cfg: DictConfig, saved: str) -> str:
         return (f"{kept}; to resume this shard, run it alone with run_dir={run_dir} "
                 f"dataset.num_shards={shards} dataset.shard={cfg.dataset.shard}")
     # a multirun job's directory is <sweep dir>/<job>, recreated by rerunning the sweep into the same sweep dir
-    again = f"hydra.sweep.dir={run_dir.parent}" if in_multirun() else f"hydra.run.dir={run_dir}"
+    if multirun is None:
+        multirun = in_multirun()
+    again = f"hydra.sweep.dir={run_dir.parent}" if multirun else f"hydra.run.dir={run_dir}"
     return f"{kept}; to resume, run the same command with {again}"
