@@ -2,24 +2,30 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from csd.adapters.base import MissingWeightsError
-from csd.config import CONF_DIR, ConfigError, validate
+from csd.config import CONF_DIR, ConfigError, check_overrides, eval_metrics, load_prompts, validate
 from csd.lockfile import LockHeldError
 from csd.records import RecordsError
+from csd.schema import show
 
 log = logging.getLogger("csd")
+#: the config groups that make a run's images (with ``seed``): fixed once it is generated
+RUN_GROUPS = ("method", "model", "dataset")
+_ABSENT = object()
 
 
 def in_multirun() -> bool:
@@ -118,6 +124,78 @@ def check_before_hydra(argv: list[str]) -> None:
         raise SystemExit(2) from None
 
 
+def check_command_line(args: Sequence[str]) -> None:
+    """:func:`csd.config.check_overrides` on ``run.py``'s arguments: a typo ends the run in one line (exit 2)."""
+    try:
+        check_overrides(args)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def job_overrides() -> list[str]:
+    """The command-line overrides of this run (or multirun job); none outside Hydra."""
+    from hydra.core.hydra_config import HydraConfig
+
+    return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+
+
+def evaluated_run_config(cfg: DictConfig, overrides: Sequence[str]) -> DictConfig:
+    """The config ``cfg.run_dir`` was generated with (its ``config.yaml``; for a run without one, run.json's names
+    and seed), for ``stage=evaluate``. An override of its method, model, dataset or seed that differs from the run
+    is a :class:`ConfigError`: evaluate scores the run as it was generated and would silently ignore it."""
+    run_dir = Path(cfg.run_dir)
+    info_path = run_dir / "run.json"
+    if not info_path.exists():
+        raise FileNotFoundError(f"{info_path} missing: {run_dir} is not a generated run directory")
+    info = json.loads(info_path.read_text())
+    path = run_dir / "config.yaml"
+    run_config = OmegaConf.load(path) if path.exists() else OmegaConf.create(
+        {**{group: {"name": info[group]} for group in RUN_GROUPS}, "seed": info["seed"]})
+    for override in OverridesParser.create().parse_overrides(list(overrides)):
+        key = override.key_or_group
+        if key.split(".")[0] not in (*RUN_GROUPS, "seed") or key in ("dataset.num_shards", "dataset.shard"):
+            continue
+        name = f"{key}.name" if key in RUN_GROUPS else key
+        ours, theirs = OmegaConf.select(cfg, name), OmegaConf.select(run_config, name, default=_ABSENT)
+        if theirs is not _ABSENT and ours != theirs:
+            typed = str if key in RUN_GROUPS else show  # a group's option as typed: method=sjd
+            raise ConfigError(f"stage=evaluate: {run_dir} was generated with {key}={typed(theirs)}, not "
+                              f"{key}={typed(ours)}; drop {override.input_line} (evaluate scores a run as it was "
+                              "generated)")
+    return run_config
+
+
+def check_inputs(cfg: DictConfig, overrides: Sequence[str]) -> None:
+    """The checks of a run (or multirun job) beyond its config values (:func:`csd.config.validate`), still before
+    any model loads: the dataset holds ``dataset.n_prompts`` prompts; ``stage=evaluate`` reads a run that the
+    command line does not contradict (:func:`evaluated_run_config`); a stage that evaluates has metrics its model
+    supports (:func:`csd.config.eval_metrics`), no published COCO protocol on a toy model and, with
+    ``eval.strict=true``, every weights and data file its metrics read (:func:`csd.evaluation.metrics.check_files`).
+    ``overrides``: the command line's, for the evaluate stage. Also run for every job of a multirun before the
+    first starts (:mod:`csd.sweep`)."""
+    if cfg.stage in ("generate", "all", "study"):
+        load_prompts(cfg.dataset)  # refuses more prompts than the dataset holds, naming its size
+    if cfg.stage == "evaluate":
+        run_config = evaluated_run_config(cfg, overrides)
+    elif cfg.stage == "all" and cfg.dataset.num_shards == 1:
+        run_config = cfg
+    else:
+        return
+    model, rule = run_config.model.name, cfg.eval.caption_rule
+    toy = model in cfg.eval.toy.models
+    if rule is not None and toy:
+        raise ConfigError(f"eval.protocol={cfg.eval.protocol} was published for COCO prompts "
+                          f"(eval.caption_rule={rule}) and real models, but model={model} is scored with the toy CLIP "
+                          "and rendered scenes: use eval=default, or set eval.caption_rule=null to apply its settings "
+                          "anyway")
+    names = eval_metrics(cfg.eval, model)
+    if cfg.eval.strict and not toy:  # the toy's CLIP, references and checker ship with it
+        from csd.evaluation.metrics import check_files
+
+        check_files(names, cfg.eval, run_config)
+
+
 def run_stages(cfg: DictConfig) -> None:
     """Run ``cfg.stage``; configuration and missing-file errors end the run with one clear line.
 
@@ -137,6 +215,7 @@ def run_stages(cfg: DictConfig) -> None:
         if cfg.threads is not None:
             torch.set_num_threads(cfg.threads)
         check_dirs(cfg.stage, cfg.run_dir, cfg.sweep_dir)
+        check_inputs(cfg, job_overrides())
         run_dir = Path(cfg.run_dir)
         if cfg.stage == "status":
             from csd.status import status_table
@@ -180,8 +259,10 @@ def run_stages(cfg: DictConfig) -> None:
         raise SystemExit(130) from None
 
 
-def interrupted_message(cfg: DictConfig, saved: str) -> str:
-    """What Ctrl-C left (``saved``: the generate stage's "N of M images saved in <dir>") and how to go on."""
+def interrupted_message(cfg: DictConfig, saved: str, multirun: bool | None = None) -> str:
+    """What Ctrl-C left (``saved``: the generate stage's "N of M images saved in <dir>") and how to go on.
+    ``multirun``: whether ``cfg`` is a multirun job's (None: ask Hydra, as the job itself does; the submitting
+    process of a sweep says so: hydra_plugins/csd_launcher)."""
     if cfg.stage == "report":
         return "the report was not finished; run the same command again"
     run_dir = Path(cfg.run_dir)
@@ -191,5 +272,7 @@ def interrupted_message(cfg: DictConfig, saved: str) -> str:
         return (f"{kept}; to resume this shard, run it alone with run_dir={run_dir} "
                 f"dataset.num_shards={shards} dataset.shard={cfg.dataset.shard}")
     # a multirun job's directory is <sweep dir>/<job>, recreated by rerunning the sweep into the same sweep dir
-    again = f"hydra.sweep.dir={run_dir.parent}" if in_multirun() else f"hydra.run.dir={run_dir}"
+    if multirun is None:
+        multirun = in_multirun()
+    again = f"hydra.sweep.dir={run_dir.parent}" if multirun else f"hydra.run.dir={run_dir}"
     return f"{kept}; to resume, run the same command with {again}"

@@ -12,11 +12,13 @@ import functools
 import inspect
 import logging
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import OverrideParseException
 from hydra.utils import get_class, get_method
 from omegaconf import DictConfig, OmegaConf
 
@@ -42,6 +44,7 @@ from csd.schema import (
     Str,
     StrList,
     StrMap,
+    show,
 )
 from csd.tree import tree_problem
 
@@ -114,7 +117,7 @@ SCHEMA: dict[str, Spec | ByTarget] = {
     "method.entropy_norm": Choice(options=ENTROPY_NORMS, null=UNSET),
     "method.c": Float(min=0, null=UNSET),
     "method.k": ByTarget(Float(min=1, null=UNSET), {"baselines.lantern.Lantern": Int(min=1, null=UNSET)}),
-    "method.group_size": Int(min=0, null=UNSET),
+    "method.group_size": Int(min=2, null=UNSET),  # G/2 neighbours on each side of x; G < 2 leaves x alone (SJD)
     "method.prob_threshold": Float(min=0, max=1, null=UNSET),
     "method.embed_threshold": Float(min=0, null=UNSET),
     "method.embed_threshold_quantile": Float(min=0, max=1, null="for the absolute method.embed_threshold"),
@@ -169,7 +172,7 @@ SCHEMA: dict[str, Spec | ByTarget] = {
     "engine.batch_size": Int(min=1),
     "engine.latency_probe": Int(min=0),
     # conf/eval/*.yaml
-    "eval.metrics": StrList(names=metric_names, what="metric"),
+    "eval.metrics": StrList(names=metric_names, what="metric", null="for the model's own list"),
     "eval.strict": Bool(),
     "eval.allow_partial": Bool(),
     "eval.batch_size": Int(min=1),
@@ -191,7 +194,7 @@ SCHEMA: dict[str, Spec | ByTarget] = {
     "eval.fid.cache_dir": Str(),
     "eval.content.entropy_bins": Int(min=1),
     "eval.toy.models": StrList(),
-    "eval.toy.metrics": StrList(names=metric_names, what="metric"),
+    "eval.toy.metrics": StrList(names=metric_names, what="metric", null=""),  # deprecated: eval.metrics
     "eval.toy.render": Str(),
     "eval.toy.scene_key": Str(null=""),
     "eval.toy.categories": StrList(),
@@ -217,6 +220,104 @@ SCHEMA: dict[str, Spec | ByTarget] = {
     "logger.dir": Str(null=""),
     "logger.max_images": Int(min=0),
 }
+
+
+#: ``eval.metrics=null``: the metrics of every model, and those of the toy models only (``eval.toy.models``: the
+#: scene checker and the region analysis need the toy's scene specs and segmenter)
+DEFAULT_METRICS = ("speed", "content", "clip_score", "fid")
+TOY_METRICS = ("scene", "regions")
+
+
+def eval_metrics(eval_cfg: DictConfig, model: str) -> list[str]:
+    """The metrics the evaluate stage computes for a run of ``model``: ``eval.metrics``, for every model.
+
+    ``eval.metrics=null`` (the default) is the model's own list: :data:`DEFAULT_METRICS`, plus :data:`TOY_METRICS`
+    for a toy model. A toy-only metric asked of another model is a :class:`ConfigError`. The deprecated
+    ``eval.toy.metrics`` (which chose the toy's metrics while ``eval.metrics`` was ignored for it) still stands in
+    for ``eval.metrics`` on toy models when ``eval.metrics`` is null; :func:`validate` warns about it.
+    """
+    toy = model in eval_cfg.toy.models
+    names = eval_cfg.metrics
+    old = OmegaConf.select(eval_cfg, "toy.metrics")
+    if old is not None and names is not None:
+        raise ConfigError(f"eval.toy.metrics={show(old)} and eval.metrics={show(names)}: eval.metrics now "
+                          "chooses the metrics of every model (the toy's too); set only eval.metrics")
+    if names is None and old is not None and toy:
+        names = old
+    if names is None:
+        return [*DEFAULT_METRICS, *TOY_METRICS] if toy else list(DEFAULT_METRICS)
+    unsupported = [n for n in names if n in TOY_METRICS and not toy]
+    if unsupported:
+        raise ConfigError(f"eval.metrics={show(names)}: model={model} has no {unsupported[0]!r} metric (the toy's "
+                          f"only, eval.toy.models={show(eval_cfg.toy.models)}); drop it")
+    return list(names)
+
+
+def config_groups() -> list[str]:
+    """The config groups a command line chooses from (``conf/<group>/``; ``hydra/...`` is Hydra's own)."""
+    return sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir() and p.name != "hydra")
+
+
+def known_key(key: str) -> bool:
+    """Whether ``key`` is a :data:`SCHEMA` key, inside one that holds a mapping (``study.rules.<label>.knob``,
+    ``model.entropy_temperature.t0``) or above some (``eval.fid``)."""
+    return any(key == k or key.startswith(k + ".") or k.startswith(key + ".") for k in SCHEMA)
+
+
+def edit_distance(a: str, b: str) -> int:
+    """Insertions, deletions, substitutions and swaps of two neighbouring characters that turn ``a`` into ``b``
+    (optimal string alignment: ``lamm`` -> ``lam`` 1, ``cds`` -> ``csd`` 1)."""
+    d = [[i + j if i * j == 0 else 0 for j in range(len(b) + 1)] for i in range(len(a) + 1)]
+    for i in range(1, len(a) + 1):
+        for j in range(1, len(b) + 1):
+            d[i][j] = min(d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] != b[j - 1]))
+            if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
+                d[i][j] = min(d[i][j], d[i - 2][j - 2] + 1)
+    return d[-1][-1]
+
+
+def close_names(name: str, known: Sequence[str]) -> str:
+    """The names of ``known`` closest to ``name`` (fewest edits, at most one per four characters, two named at
+    most), as ``"a"`` or ``"a or b"``; ``""`` if none is that close."""
+    distances = {k: edit_distance(name, k) for k in known}
+    best = min(distances.values(), default=0)
+    if not distances or best > max(1, len(name) // 4):
+        return ""
+    return " or ".join(sorted(k for k, v in distances.items() if v == best)[:2])
+
+
+def check_overrides(args: Sequence[str]) -> None:
+    """Refuse a command-line override of a key or config group that does not exist, or a group option that does
+    not, in one line with the closest known names, before Hydra composes anything (its own message suggests
+    ``+key=...``, which would add the typo as a new key). ``+``/``++``/``~`` overrides, Hydra's own keys and
+    flags are left to Hydra, and so is anything it cannot parse."""
+    parser = OverridesParser.create()
+    groups = config_groups()
+    for arg in args:
+        if arg.startswith("-") or "=" not in arg:
+            continue
+        try:
+            override = parser.parse_override(arg)
+        except OverrideParseException:
+            continue
+        key = override.key_or_group
+        if (override.is_add() or override.is_force_add() or override.is_delete() or override.package is not None
+                or key.split("/")[0].split(".")[0] == "hydra"):
+            continue
+        if key in groups:
+            if override.is_sweep_override() and not override.is_discrete_sweep():
+                continue
+            values = list(override.sweep_string_iterator()) if override.is_sweep_override() else [override.value()]
+            for value in values:
+                if value is not None and value not in choices(key):
+                    close = close_names(str(value), choices(key))
+                    hint = f"did you mean {close}? " if close else ""
+                    raise ConfigError(f"{key}={show(value)}: {hint}choose one of {choices(key)}")
+        elif not known_key(key):
+            close = close_names(key, [*SCHEMA, *groups])
+            what = "a config key or group" if "." not in key else "a config key"
+            raise ConfigError(f"{key} is not {what}{f'; did you mean {close}?' if close else ''} "
+                              f"(to add a new key on purpose: +{arg})")
 
 
 def _check(ok: bool, message: str) -> None:
@@ -283,6 +384,9 @@ def validate(cfg: DictConfig) -> None:
             raise ConfigError(message)
     m, d = cfg.method, cfg.dataset
     _check(m.name != "ar" or m.window == 1, f"method=ar needs method.window=1, got {m.window}")
+    _check(m.name == "ar" or m.window > 1, f"method={m.name} with method.window=1 decodes exactly like method=ar (one "
+           "token per forward, no drafts) but would be labelled and reported as another method: use method=ar, or "
+           "method.window >= 2")
     _check(m.draft_record != "uniform" or m.init == "random",
            f"method.draft_record=uniform records the law of random drafts: it needs method.init=random, got {m.init!r}")
     _check(d.shard < d.num_shards, f"dataset.shard={d.shard} must be < dataset.num_shards={d.num_shards}")
@@ -301,7 +405,15 @@ def validate(cfg: DictConfig) -> None:
     entropy_temperature(cfg.model)
     warnings = []
     if unknown:
-        warnings.append(f"ignoring config key(s) that csd-bench does not read: {', '.join(unknown)}")
+        named = [f"{key} (did you mean {close}?)" if (close := close_names(key, list(SCHEMA))) else key
+                 for key in unknown]
+        warnings.append(f"ignoring config key(s) that csd-bench does not read: {', '.join(named)}")
+    if cfg.engine.max_cache_len is not None and not cfg.engine.compile:
+        warnings.append(f"ignoring engine.max_cache_len={cfg.engine.max_cache_len}: it sizes the static cache of "
+                        "engine.compile=true; the eager cache grows with each prompt")
+    if OmegaConf.select(cfg, "eval.toy.metrics") is not None:
+        warnings.append("eval.toy.metrics is deprecated: use eval.metrics, which now chooses the metrics of every "
+                        "model (the toy's too); eval.toy.metrics stands in for it on toy models while it is null")
     ignored = _rule_params(m)[2]
     if ignored:
         warnings.append(f"method={m.name} has no parameter(s) {ignored}; ignoring them")

@@ -16,7 +16,9 @@ import transformers
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
+from csd.adapters.base import ModelAdapter
 from csd.config import (
+    ConfigError,
     build_adapter,
     build_rule,
     engine_args,
@@ -177,6 +179,35 @@ def warm_up(cfg: DictConfig, engine: JacobiEngine, prompt: str) -> None:
         JacobiEngine(engine.adapter, engine.rule, window=1, pad_window=True, batch_size=engine.batch_size).generate(prompt, seed=0)
 
 
+def check_fits(cfg: DictConfig, adapter: ModelAdapter, prompts: list[Prompt]) -> None:
+    """What only the built model tells, checked before its first image: the window against the image's body length
+    (``adapter.layout.length``: the toy's 256, Janus-Pro's 576, ...) and, compiled, the fixed cache against the
+    prompts.
+
+    A window longer than the image is logged (decoding is unchanged: a window never holds more than the positions
+    left to decode) and refused with ``engine.compile=true``, which pads every window to ``method.window`` rows.
+    A compiled cache (``engine.max_cache_len``) must hold the longest prompt, the image and one window.
+    """
+    body, window, model = adapter.layout.length, cfg.method.window, cfg.model.name
+    if window > body:
+        if cfg.engine.compile:
+            raise ConfigError(f"method.window={window} is longer than model={model}'s image ({body} tokens) and "
+                              "engine.compile=true pads every window to method.window rows: set method.window <= "
+                              f"{body}")
+        log.warning("method.window=%d is longer than model=%s's image (%d tokens): a window holds at most the "
+                    "tokens left to decode, so this run decodes as with method.window=%d", window, model, body, body)
+    if not cfg.engine.compile or cfg.engine.max_cache_len is None:
+        return
+    with torch.no_grad():
+        entries = {p.prompt_id: max(len(row) for row in adapter.prompt_inputs(p.text)) - 1 for p in prompts}
+    longest = max(entries, key=entries.get)
+    need = entries[longest] + body + window
+    if cfg.engine.max_cache_len < need:
+        raise ConfigError(f"engine.max_cache_len={cfg.engine.max_cache_len} is too small for prompt {longest} "
+                          f"({entries[longest]} cache entries, the image's {body} and a window of {window}): set "
+                          f"engine.max_cache_len >= {need}, or null to size the cache for each prompt")
+
+
 def generate_missing(cfg: DictConfig, prompts: list[Prompt], writer: RecordWriter) -> None:
     """Load the model and generate the images ``writer`` does not have yet.
 
@@ -202,6 +233,7 @@ def generate_missing(cfg: DictConfig, prompts: list[Prompt], writer: RecordWrite
         return
     device = resolve_device(cfg.device)
     adapter = build_adapter(cfg.model, device, cfg.engine)
+    check_fits(cfg, adapter, [prompt for _, prompt, _ in todo])
     write_run_info(run_dir, cfg, params, adapter.describe(), n_images)
     args = {**engine_args(cfg.method), "pad_window": cfg.engine.compile}
     engine = JacobiEngine(adapter, rule, **args, batch_size=cfg.engine.batch_size)

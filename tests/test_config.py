@@ -142,3 +142,51 @@ def test_multirun_sweeps_two_jobs(tmp_path):
     runs = sorted(p.parent for p in tmp_path.glob("*/records.jsonl"))
     assert [json.loads((r / "run.json").read_text())["method"] for r in runs] == ["sjd", "csd"]
     assert load_records(runs[1])[0]["method_params"]["lam"] == 0.2
+
+
+def test_multirun_validates_every_job_before_the_first_starts(tmp_path):
+    out = run_cli(
+        "-m", "stage=generate", "model=janus_pro_tiny", "dataset=smoke", "dataset.n_prompts=1", "method=ar,sjd_pac",
+        "engine.batch_size=2", "engine.progress=false", "logger=disabled", f"hydra.sweep.dir={tmp_path}",
+    )
+    assert out.returncode == 2
+    errors = [line for line in out.stderr.splitlines() if line.strip()]
+    assert len(errors) == 1 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert errors[0].startswith("error: job #1 (stage=generate model=janus_pro_tiny dataset=smoke dataset.n_prompts=1 "
+                                "method=sjd_pac engine.batch_size=2")
+    assert "set engine.batch_size=1, got 2" in errors[0]
+    assert not list(tmp_path.rglob("records*.jsonl"))  # AR did not run either
+
+
+def test_sweep_jobs_expand_like_hydras_basic_sweeper():
+    from hydra.core.global_hydra import GlobalHydra
+
+    from csd.sweep import job_config, sweep_jobs
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        sweep = compose("config", ["experiment=toy_paper", "seed=1"], return_hydra_config=True)
+        sweep.hydra.overrides.task = ["experiment=toy_paper", "method.lam=0.1,0.2", "seed=1"]  # as -m gives it
+        jobs = sweep_jobs(sweep)
+        assert len(jobs) == 24 and jobs[:2] == [["method=ar", "experiment=toy_paper", "method.lam=0.1", "seed=1"],
+                                                ["method=ar", "experiment=toy_paper", "method.lam=0.2", "seed=1"]]
+        cfg = job_config(GlobalHydra.instance().config_loader(), sweep, jobs[-1], 23)
+    assert (cfg.method.name, cfg.method.lam, cfg.seed, cfg.dataset.n_prompts) == ("csd_pac", 0.2, 1, 400)
+    assert "hydra" not in cfg and cfg.run_dir.endswith("23_csd_pac")
+
+
+def test_strict_checks_the_metric_files_before_generating(tmp_path, monkeypatch, capsys):
+    from csd import cli
+    from tests.test_rundir import no_model_load, tiny_cfg
+
+    no_model_load(monkeypatch)
+    for overrides, message in (
+        (["eval.metrics=[speed,clip_score]", "eval.clip.pretrained=/nonexistent/open_clip.bin"],
+         "error: CLIP weights file '/nonexistent/open_clip.bin' not found"),
+        (["eval.metrics=[speed,fid]", "eval.fid.reference_dir=/nonexistent/val2017"],
+         "error: FID reference images not found at '/nonexistent/val2017'"),
+    ):
+        cfg = tiny_cfg(tmp_path / "run", "eval.strict=true", "stage=all", *overrides)
+        with pytest.raises(SystemExit) as exit_:
+            cli.run_stages(cfg)
+        assert exit_.value.code == 2 and capsys.readouterr().err.startswith(message)
+        assert not (tmp_path / "run" / RECORDS_FILE).exists()

@@ -176,6 +176,7 @@ def test_each_local_shard_sees_one_gpu(monkeypatch):
 
 
 def test_the_launcher_presets_compose_without_slurm():
+    from hydra.utils import get_class
     from hydra_plugins.hydra_submitit_launcher.config import LocalQueueConf, SlurmQueueConf
 
     for preset, conf in (("slurm_gpu", SlurmQueueConf), ("local_procs", LocalQueueConf)):
@@ -183,7 +184,8 @@ def test_the_launcher_presets_compose_without_slurm():
             cfg = compose("config", [f"hydra/launcher={preset}", "hydra.launcher.timeout_min=30"], return_hydra_config=True)
         launcher = cfg.hydra.launcher
         assert launcher.timeout_min == 30 and set(launcher) <= set(conf.__dataclass_fields__)
-        assert launcher._target_ == conf._target_
+        bases = {f"{c.__module__}.{c.__qualname__}" for c in get_class(launcher._target_).__mro__}
+        assert conf._target_ in bases  # the plugin's launcher, with one line per failed job
     assert (launcher.gpus_per_node, launcher.tasks_per_node) == (0, 1)  # local_procs: CPU unless told
     preset = (CONF_DIR / "hydra" / "launcher" / "slurm_gpu.yaml").read_text()
     for key in ("gpus_per_node", "tasks_per_node", "cpus_per_task", "mem_gb", "timeout_min", "partition",
@@ -198,3 +200,56 @@ def test_ctrl_c_in_a_shard_says_how_to_resume_that_shard(tmp_path):
         "dataset.num_shards=4 dataset.shard=2"
     )
 
+
+
+class FakeJob:
+    """What failure_line reads of a submitit job: its stderr text, state and log path."""
+
+    def __init__(self, stderr: str, state: str = "CANCELLED") -> None:
+        self.text, self.state = stderr, state
+        self.paths = type("Paths", (), {"stderr": Path("/sweep/.submitit/7/7_0_log.err")})()
+
+    def stderr(self) -> str:
+        return self.text
+
+
+def test_a_failed_shard_job_is_one_line_naming_it_and_how_to_rerun_it(tmp_path):
+    from submitit.core.utils import FailedJobError, UncompletedJobError
+
+    from hydra_plugins.csd_launcher.launcher import failure_line
+
+    cfg = OmegaConf.create({"stage": "generate", "run_dir": str(tmp_path), "dataset": {"num_shards": 4, "shard": 2}})
+    overrides = ["dataset.num_shards=4", "dataset.shard=2", "hydra.launcher.timeout_min=30"]
+    name, log = "job #2 (dataset.num_shards=4 dataset.shard=2)", "its log: /sweep/.submitit/7/7_0_log.err"
+    rerun = f"run it alone with run_dir={tmp_path} dataset.num_shards=4 dataset.shard=2"
+    killed = FakeJob("[2026-01-01 10:00:00][csd.pipeline][INFO] - 9 of 9 images to generate\n")
+    assert failure_line(2, overrides, cfg, killed, UncompletedJobError("no output")) == (
+        f"{name} ended without a result (its job state: CANCELLED): finished images are kept in {tmp_path}; "
+        f"to resume this shard, {rerun}; {log}")
+    crashed = FakeJob("Traceback (most recent call last):\n  ...\ntorch.OutOfMemoryError: CUDA out of memory.\n")
+    assert failure_line(2, overrides, cfg, crashed, FailedJobError("trace")).startswith(
+        f"{name} failed (torch.OutOfMemoryError: CUDA out of memory.): finished images are kept in {tmp_path}")
+    stopped = FakeJob(f"interrupted: 3 of 9 images saved in {tmp_path}; to resume this shard, {rerun}\n")
+    assert failure_line(2, overrides, cfg, stopped, FailedJobError("trace")) == (
+        f"{name} was interrupted: 3 of 9 images saved in {tmp_path}; to resume this shard, {rerun}; {log}")
+    refused = FakeJob("error: method.lam=-1 must be >= 0\n")
+    assert failure_line(2, overrides, cfg, refused, UncompletedJobError("x")) == (
+        f"{name} failed: method.lam=-1 must be >= 0; {log}")
+
+
+@pytest.mark.slow
+def test_killing_a_local_shard_ends_the_sweep_with_one_line_not_a_traceback(tmp_path):
+    run = tmp_path / "run"
+    proc = cli("-m", *RUN, "stage=generate", "dataset.num_shards=2", "dataset.shard=0,1", "hydra/launcher=local_procs",
+               f"run_dir={run}", f"hydra.sweep.dir={tmp_path / 'sweep'}")
+    lock = run / ".lock.shard-000-of-002"
+    deadline = time.monotonic() + 120
+    while not (lock.exists() and lock.read_text().strip()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.kill(json.loads(lock.read_text())["pid"], signal.SIGKILL)  # the shard's own process, as a node failure would
+    out = proc.communicate(timeout=300)[0]
+    assert proc.returncode == 1 and "Traceback" not in out, out
+    errors = [line for line in out.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and errors[0].startswith("error: job #0 (") and "dataset.shard=0 " in errors[0]
+    assert errors[0].endswith("_0_log.err") and (
+        f"to resume this shard, run it alone with run_dir={run} dataset.num_shards=2 dataset.shard=0; " in errors[0])

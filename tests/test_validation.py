@@ -49,7 +49,10 @@ SCHEMA_GROUPS = ("method", "model", "dataset", "engine", "eval", "logger")
         (["method.delta=nan"], r"method.delta=nan must be a finite number in \[0, 1\]"),
         (["model.temperature=inf"], "model.temperature=inf must be a finite number > 0"),
         # fractional integers and ranges
-        (["method=gsd", "method.group_size=3.7"], "method.group_size=3.7 must be an integer >= 0"),
+        (["method=gsd", "method.group_size=3.7"], "method.group_size=3.7 must be an integer >= 2"),
+        (["method=gsd", "method.group_size=0"], "method.group_size=0 must be an integer >= 2"),
+        # a speculative method with one-token windows is AR under another name
+        (["method=sjd", "method.window=1"], "method=sjd with method.window=1 decodes exactly like method=ar"),
         (["method=lantern", "method.k=2.5"], "method.k=2.5 must be an integer >= 1"),
         (["method=gsd", "method.prob_threshold=5"], r"method.prob_threshold=5 must be in \[0, 1\]"),
         # metric names, before anything is generated
@@ -194,3 +197,169 @@ def test_non_finite_numbers_never_reach_json():
         with pytest.raises(ConfigError, match="finite"):
             validate(cfg)
 
+
+
+# --- typos: a "did you mean" from the schema, before Hydra composes anything
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["method.lamm=0.1"], r"^method\.lamm is not a config key; did you mean method\.lam\? \(to add a new key on "
+                              r"purpose: \+method\.lamm=0\.1\)$"),
+        (["metod=csd"], r"^metod is not a config key or group; did you mean method\?"),
+        (["-m", "method=sjd,cds"], r"^method='cds': did you mean csd\? choose one of \[.*'sjd'"),
+        (["eval.fid.pairde=false"], r"did you mean eval\.fid\.paired\?"),
+        (["model=janus_pro_tiny", "model.gird=8"], r"^model\.gird is not a config key; did you mean model\.grid\?"),
+    ],
+)
+def test_typos_are_refused_with_the_closest_known_names(args, message):
+    with pytest.raises(ConfigError, match=message) as err:
+        config.check_overrides(args)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["-m", "method=ar,sjd", "method.lam=0.1,0.2", "dataset.shard=range(2)", "hydra/launcher=local_procs"],
+        ["+foo=1", "++method.bar=2", "~logger", "hydra.run.dir=/tmp/x", "experiment=toy_paper", "--cfg", "job"],
+        ["study.rules.a.knob=lam", "model.entropy_temperature={t0: 1}", "eval.toy.only_if.position=relation_asked"],
+        ["eval.fid={paired: false}", "experiment=null", "method=ar", "run_dir=x"],
+    ],
+)
+def test_valid_command_lines_pass_the_typo_check(args):
+    config.check_overrides(args)
+
+
+def test_a_typo_on_the_command_line_is_one_line_instead_of_hydras_hint(tmp_path):
+    out = run_cli("method.lamm=0.1", f"hydra.run.dir={tmp_path}")
+    assert out.returncode == 2
+    assert out.stderr.strip() == ("error: method.lamm is not a config key; did you mean method.lam? "
+                                  "(to add a new key on purpose: +method.lamm=0.1)")
+
+
+def test_unknown_added_keys_are_warned_about_with_the_closest_key(caplog):
+    with caplog.at_level(logging.WARNING, logger="csd.config"):
+        validate(make_cfg("+method.lamm=0.1"))
+    assert any("method.lamm (did you mean method.lam?)" in r.getMessage() for r in caplog.records)
+
+
+# --- small bad inputs, each one line before any model loads
+
+
+def test_more_prompts_than_the_toy_split_holds_are_refused_before_building_them():
+    with pytest.raises(ConfigError, match=r"^dataset\.n_prompts=20000, but dataset=toy has 10000 prompts per split"):
+        config.load_prompts(make_cfg("dataset.n_prompts=20000").dataset)
+    assert len(config.load_prompts(make_cfg("dataset.n_prompts=10000").dataset)) == 10000
+
+
+def test_a_published_protocol_on_the_toy_is_refused():
+    cfg = make_cfg("eval=sjd_protocol")
+    with pytest.raises(ConfigError, match=r"eval\.protocol=sjd was published for COCO prompts.*model=toy"):
+        cli.check_inputs(cfg, [])
+    cli.check_inputs(make_cfg("eval=sjd_protocol", "eval.caption_rule=null"), [])  # on purpose: allowed
+    cli.check_inputs(make_cfg("eval=sjd_protocol", "stage=generate"), [])  # nothing is evaluated
+
+
+def test_evaluate_refuses_overrides_that_differ_from_the_run(tmp_path):
+    from tests.test_eval_fixtures import make_run
+
+    run = make_run(tmp_path / "r", "csd", method_params={"lam": 0.1, "delta": 0.5})
+    for overrides, message in ((["method=sjd"], "generated with method=csd, not method=sjd"),
+                               (["method.lam=0.3"], "generated with method.lam=0.1, not method.lam=0.3")):
+        cfg = make_cfg("stage=evaluate", *overrides)
+        cfg.run_dir = str(run)
+        with pytest.raises(ConfigError, match=rf"^stage=evaluate: {run} was {message}; drop"):
+            cli.check_inputs(cfg, ["stage=evaluate", *overrides])
+    cfg = make_cfg("stage=evaluate", "method=csd", "method.lam=0.1")  # the run's own values: fine
+    cfg.run_dir = str(run)
+    cli.check_inputs(cfg, ["stage=evaluate", "method=csd", "method.lam=0.1"])
+
+
+def test_evaluate_with_another_method_is_one_cli_line(tmp_path):
+    from tests.test_eval_fixtures import make_run
+
+    run = make_run(tmp_path / "r", "csd", method_params={"lam": 0.1, "delta": 0.5})
+    out = run_cli("stage=evaluate", f"run_dir={run}", "method=sjd", "logger=disabled")
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert "generated with method=csd, not method=sjd" in out.stderr and not (run / "metrics.json").exists()
+
+
+def test_max_cache_len_without_compile_is_warned_about(caplog):
+    with caplog.at_level(logging.WARNING, logger="csd.config"):
+        validate(make_cfg("engine.max_cache_len=10"))
+    assert any("engine.max_cache_len=10" in r.getMessage() and "engine.compile=true" in r.getMessage()
+               for r in caplog.records)
+
+
+# --- eval.metrics chooses the metrics of every model
+
+
+def test_eval_metrics_default_per_model_and_chosen_for_every_model():
+    assert config.eval_metrics(make_cfg().eval, "toy") == ["speed", "content", "clip_score", "fid", "scene", "regions"]
+    assert config.eval_metrics(make_cfg().eval, "janus_pro_7b") == ["speed", "content", "clip_score", "fid"]
+    for model in ("toy", "janus_pro_7b"):
+        assert config.eval_metrics(make_cfg("eval.metrics=[speed,fid]").eval, model) == ["speed", "fid"]
+
+
+def test_a_toy_metric_for_another_model_is_one_line():
+    with pytest.raises(ConfigError, match=r"^eval\.metrics=\['speed', 'scene'\]: model=janus_pro_7b has no 'scene' "
+                                          r"metric \(the toy's only"):
+        config.eval_metrics(make_cfg("eval.metrics=[speed,scene]").eval, "janus_pro_7b")
+    with pytest.raises(ConfigError, match="model=janus_pro_tiny has no 'regions' metric"):
+        cli.check_inputs(make_cfg("model=janus_pro_tiny", "eval.metrics=[regions]"), [])
+
+
+def test_the_old_toy_metrics_key_still_works_with_a_deprecation_line(caplog):
+    cfg = make_cfg("eval.toy.metrics=[speed]")
+    with caplog.at_level(logging.WARNING, logger="csd.config"):
+        validate(cfg)
+    assert any("eval.toy.metrics is deprecated: use eval.metrics" in r.getMessage() for r in caplog.records)
+    assert config.eval_metrics(cfg.eval, "toy") == ["speed"]
+    assert config.eval_metrics(cfg.eval, "janus_pro_7b") == ["speed", "content", "clip_score", "fid"]
+    with pytest.raises(ConfigError, match="set only eval.metrics"):
+        config.eval_metrics(make_cfg("eval.toy.metrics=[speed]", "eval.metrics=[fid]").eval, "toy")
+
+
+def test_eval_metrics_are_honoured_for_the_toy(tmp_path):
+    from csd.evaluation import evaluate_run
+    from tests.test_eval_fixtures import eval_cfg, make_run
+
+    run = make_run(tmp_path / "r", "csd", method_params={"lam": 0.1, "delta": 0.5})
+    result = evaluate_run(run, eval_cfg(tmp_path, **{"eval.metrics": ["speed"]}))
+    assert "latency_mean" in result["metrics"]
+    assert not any(k.startswith(("clip", "fid", "scene")) for k in result["metrics"])
+
+
+# --- what only the built model tells, before its first image
+
+
+def test_a_window_longer_than_the_image_is_one_line_and_refused_when_compiled(tmp_path, caplog):
+    from csd.pipeline import generate_run
+    from csd.records import load_records
+    from tests.test_rundir import tiny_cfg
+
+    with caplog.at_level(logging.WARNING, logger="csd.pipeline"):
+        generate_run(tiny_cfg(tmp_path / "long", "dataset.n_prompts=1", "method.window=100"))
+    lines = [r.getMessage() for r in caplog.records if "method.window=100" in r.getMessage()]
+    assert lines == ["method.window=100 is longer than model=janus_pro_tiny's image (64 tokens): a window holds at "
+                     "most the tokens left to decode, so this run decodes as with method.window=64"]
+    generate_run(tiny_cfg(tmp_path / "64", "dataset.n_prompts=1", "method.window=64"))
+    assert load_records(tmp_path / "long")[0]["tokens"] == load_records(tmp_path / "64")[0]["tokens"]
+    compiled = tiny_cfg(tmp_path / "compiled", "dataset.n_prompts=1", "method.window=100", "engine.compile=true")
+    with pytest.raises(ConfigError, match=r"^method\.window=100 is longer than model=janus_pro_tiny's image \(64 "
+                                          r"tokens\) and engine\.compile=true pads .*: set method\.window <= 64$"):
+        generate_run(compiled)
+    assert not (tmp_path / "compiled" / "records.jsonl").exists()
+
+
+def test_a_compiled_cache_shorter_than_a_prompt_is_one_line_before_decoding(tmp_path):
+    from csd.pipeline import generate_run
+    from tests.test_rundir import tiny_cfg
+
+    cfg = tiny_cfg(tmp_path, "dataset.n_prompts=2", "engine.compile=true", "engine.max_cache_len=40")
+    with pytest.raises(ConfigError, match=r"^engine\.max_cache_len=40 is too small for prompt smoke-00\d \(\d+ cache "
+                                          r"entries, the image's 64 and a window of 16\): set engine\.max_cache_len >= \d+"):
+        generate_run(cfg)
+    assert not (tmp_path / "records.jsonl").exists()

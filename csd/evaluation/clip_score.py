@@ -51,6 +51,20 @@ def open_clip_errors_silenced() -> Iterator[None]:
         root.removeFilter(keep)
 
 
+def _missing_file(pretrained: str | None) -> MissingWeightsError | None:
+    """The error for a ``pretrained`` that names a file (a path or a file name) which does not exist."""
+    if pretrained is not None and ("/" in pretrained or Path(pretrained).suffix) and not Path(pretrained).exists():
+        return MissingWeightsError(f"CLIP weights file '{pretrained}' not found (eval.clip.pretrained).")
+    return None
+
+
+def _unavailable(model: str, pretrained: str | None, err: Exception) -> MissingWeightsError:
+    return MissingWeightsError(
+        f"CLIP weights {model}/{pretrained} are not available offline ({str(err)[:120]}...). Run once with "
+        "internet to fill the Hugging Face cache, or set eval.clip.pretrained=/path/to/open_clip_pytorch_model.bin."
+    )
+
+
 def load_open_clip(
     model: str, pretrained: str | None, device: torch.device, model_config: str | None = None
 ) -> ClipModel:
@@ -62,8 +76,8 @@ def load_open_clip(
     """
     if model_config is not None:
         open_clip.add_model_config(model_config)
-    if pretrained is not None and ("/" in pretrained or Path(pretrained).suffix) and not Path(pretrained).exists():
-        raise MissingWeightsError(f"CLIP weights file '{pretrained}' not found (eval.clip.pretrained).")
+    if (missing := _missing_file(pretrained)) is not None:
+        raise missing
     try:
         with open_clip_errors_silenced():
             net, _, preprocess = load_local_first(
@@ -71,12 +85,30 @@ def load_open_clip(
                 missing=(RuntimeError,),
             )
     except RuntimeError as err:
-        raise MissingWeightsError(
-            f"CLIP weights {model}/{pretrained} are not available offline ({str(err)[:120]}...). Run once with "
-            "internet to fill the Hugging Face cache, or set eval.clip.pretrained=/path/to/open_clip_pytorch_model.bin."
-        ) from err
+        raise _unavailable(model, pretrained, err) from err
     net.eval()
     return ClipModel(net, preprocess, open_clip.get_tokenizer(model), f"{model}/{pretrained}")
+
+
+def check_open_clip(model: str, pretrained: str | None, model_config: str | None = None) -> None:
+    """Raise the :class:`MissingWeightsError` :func:`load_open_clip` would, without building the network: the
+    weights file, or the tag's weights in the cache (downloaded now when online, as open_clip would later).
+    Hub and local-dir model names (``hf-hub:...``) find their weights only when loaded."""
+    if model_config is not None:
+        open_clip.add_model_config(model_config)
+    if (missing := _missing_file(pretrained)) is not None:
+        raise missing
+    if pretrained is None or ":" in model:
+        return
+    tag = open_clip.get_pretrained_cfg(model.replace("/", "-"), pretrained)
+    try:
+        if tag:
+            with open_clip_errors_silenced():
+                load_local_first(lambda: open_clip.download_pretrained(tag), missing=(RuntimeError, OSError, ValueError))
+        elif not Path(pretrained).is_file():
+            raise RuntimeError(f"Pretrained value '{pretrained}' is not a known tag or valid file path")
+    except Exception as err:  # open_clip turns any download failure into a RuntimeError when it loads
+        raise _unavailable(model, pretrained, err) from err
 
 
 #: where the score is clamped at 0: each image (csd-bench's default), the mean (torchmetrics ``CLIPScore``,

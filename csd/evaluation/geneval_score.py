@@ -29,10 +29,10 @@ from PIL import Image
 from tqdm import tqdm
 
 from csd.adapters.base import MissingWeightsError
-from csd.evaluation.clip_score import ClipModel, load_open_clip
+from csd.evaluation.clip_score import ClipModel, check_open_clip, load_open_clip
 from csd.evaluation.context import EvalContext, MetricOutput, NotApplicable
 from csd.evaluation.images import load_rgb
-from csd.hub import download_command, load_local_first
+from csd.hub import download_command, hub_reachable, load_local_first
 
 DEFAULT_DETECTOR = "facebook/mask2former-swin-small-coco-instance"
 BACKEND_NOTE = (
@@ -245,18 +245,39 @@ class Mask2FormerDetector:
                                    tuple(pixel_mask.shape), valid, (image.height, image.width), GENEVAL_CLASSES)
 
 
-def load_detector(path: str, device: torch.device) -> Mask2FormerDetector:
-    """The Mask2Former model and its image processor from a hub id or a local directory."""
-    from transformers import AutoImageProcessor, Mask2FormerForUniversalSegmentation
-
-    missing = MissingWeightsError(
+def _detector_missing(path: str) -> MissingWeightsError:
+    return MissingWeightsError(
         f"GenEval detector files not found at {path!r}. Download them with `{download_command(DEFAULT_DETECTOR)}` "
         "and set eval.geneval.detector=<dir> (or run without HF_HUB_OFFLINE on a machine that reaches the "
         "Hugging Face hub)."
     )
+
+
+def _detector_source(path: str) -> str:
+    """Where ``path`` (hub id or local directory) loads from; a path that names no directory raises."""
     if path.startswith(("/", ".", "~")) and not os.path.isdir(os.path.expanduser(path)):
-        raise missing
-    source = os.path.expanduser(path)
+        raise _detector_missing(path)
+    return os.path.expanduser(path)
+
+
+def check_detector(path: str) -> None:
+    """Raise the :class:`MissingWeightsError` :func:`load_detector` would for files that are not there, without
+    loading the model: a directory that does not exist, or, when the hub is not reachable, a hub id that is not in
+    the Hugging Face cache."""
+    from huggingface_hub import try_to_load_from_cache
+
+    source = _detector_source(path)
+    if os.path.isdir(source) or hub_reachable():
+        return  # a local directory, or a hub id the metric downloads
+    if not isinstance(try_to_load_from_cache(source, "config.json"), str):
+        raise _detector_missing(path)
+
+
+def load_detector(path: str, device: torch.device) -> Mask2FormerDetector:
+    """The Mask2Former model and its image processor from a hub id or a local directory."""
+    from transformers import AutoImageProcessor, Mask2FormerForUniversalSegmentation
+
+    source = _detector_source(path)
 
     def load() -> tuple[Any, Mask2FormerForUniversalSegmentation]:
         return (AutoImageProcessor.from_pretrained(source),
@@ -265,7 +286,7 @@ def load_detector(path: str, device: torch.device) -> Mask2FormerDetector:
     try:
         processor, model = load_local_first(load)
     except (OSError, ValueError) as err:  # hub clients raise OSError / HFValidationError subclasses
-        raise missing from err
+        raise _detector_missing(path) from err
     return Mask2FormerDetector(model, processor, device, path)
 
 
@@ -308,16 +329,30 @@ class ColourClassifier:
         return [COLOURS[i] for i in (feats @ self.text_embeddings(name)).argmax(1).tolist()]
 
 
+def _colour_clip_missing(model: str, pretrained: str) -> MissingWeightsError:
+    return MissingWeightsError(
+        f"GenEval colour CLIP {model}/{pretrained} is not available offline; run once with internet to fill the "
+        "Hugging Face cache, or set eval.geneval.clip_pretrained=/path/to/open_clip_pytorch_model.bin."
+    )
+
+
 def load_colour_classifier(model: str, pretrained: str, device: torch.device) -> ColourClassifier:
     """open_clip ``model`` with ``pretrained`` (a tag such as ``openai`` or a local weights file)."""
     try:
         clip = load_open_clip(model, pretrained, device)
     except MissingWeightsError as err:
-        raise MissingWeightsError(
-            f"GenEval colour CLIP {model}/{pretrained} is not available offline; run once with internet to fill the "
-            "Hugging Face cache, or set eval.geneval.clip_pretrained=/path/to/open_clip_pytorch_model.bin."
-        ) from err
+        raise _colour_clip_missing(model, pretrained) from err
     return ColourClassifier(clip, device)
+
+
+def check_geneval_files(detector: str, clip_model: str, clip_pretrained: str) -> None:
+    """The :class:`MissingWeightsError` the metric would raise for its detector or colour CLIP, without loading
+    them."""
+    check_detector(detector)
+    try:
+        check_open_clip(clip_model, clip_pretrained)
+    except MissingWeightsError as err:
+        raise _colour_clip_missing(clip_model, clip_pretrained) from err
 
 
 # ------------------------------------------------------------------------------------------- metric

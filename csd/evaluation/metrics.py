@@ -1,4 +1,4 @@
-"""The metrics of the evaluate stage, by name (``eval.metrics`` / ``eval.toy.metrics``).
+"""The metrics of the evaluate stage, by name (``eval.metrics``).
 
 Each takes the :class:`EvalContext` and returns a :class:`MetricOutput`; toy runs swap in the toy
 CLIP, toy-CLIP-feature FID against rendered scenes, and the scene checker.
@@ -8,21 +8,27 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from csd.data.files import DOWNLOAD_HINT, MissingDataError
 from csd.evaluation import content, speed, toy
 from csd.evaluation.clip_features import ClipImageFeatures
-from csd.evaluation.clip_score import ClipModel, clip_score_value, clip_scores, load_open_clip
+from csd.evaluation.clip_score import (
+    ClipModel,
+    check_open_clip,
+    clip_score_value,
+    clip_scores,
+    load_open_clip,
+)
 from csd.evaluation.context import EvalContext, MetricOutput, NotApplicable
 from csd.evaluation.fid import generated_fid, inception_fid, load_reference, module_fid
 from csd.evaluation.fid_interval import FeatureRecorder, fid_interval
-from csd.evaluation.geneval_score import geneval_metric
+from csd.evaluation.geneval_score import check_geneval_files, geneval_metric
 from csd.evaluation.images import Preprocess, file_batches, list_images
 
 log = logging.getLogger(__name__)
@@ -80,10 +86,12 @@ def clip_score_metric(ctx: EvalContext) -> MetricOutput:
     return MetricOutput({"clip_score": clip_score_value(scores, c.clamp)}, {"clip_score": scores.tolist()}, protocol)
 
 
-def _reference_dir(ctx: EvalContext) -> Path:
-    ref = ctx.eval.fid.reference_dir or OmegaConf.select(ctx.run_config, "dataset.fid_reference")
+def reference_dir(eval_cfg: DictConfig, run_config: DictConfig, dataset: str | None) -> Path:
+    """FID's reference images: ``eval.fid.reference_dir``, else the run's ``dataset.fid_reference`` (the reference
+    set of ``dataset``)."""
+    ref = eval_cfg.fid.reference_dir or OmegaConf.select(run_config, "dataset.fid_reference")
     if not ref:
-        raise NotApplicable(f"no FID reference set for dataset '{ctx.info.get('dataset')}' (eval.fid.reference_dir)")
+        raise NotApplicable(f"no FID reference set for dataset '{dataset}' (eval.fid.reference_dir)")
     ref = Path(ref).expanduser()
     if not ref.is_dir():
         raise MissingDataError(f"FID reference images not found at '{ref}'; fetch them with `{DOWNLOAD_HINT}`")
@@ -111,7 +119,7 @@ def fid_metric(ctx: EvalContext) -> MetricOutput:
         key, ref_batches = toy.rendered_reference(ctx.records, ctx.eval.toy.render, ctx.eval.batch_size)
         features = "toy-clip"
     else:
-        files = _paired_files(ctx, _reference_dir(ctx))
+        files = _paired_files(ctx, reference_dir(ctx.eval, ctx.run_config, ctx.info.get("dataset")))
         key = {"files": [(str(p.resolve()), p.stat().st_size) for p in files]}
 
         def ref_batches():
@@ -168,3 +176,27 @@ METRICS: dict[str, Callable[[EvalContext], MetricOutput]] = {
     "regions": regions_metric,
     "geneval": geneval_metric,
 }
+
+#: the dataset loader of GenEval runs (the only runs the geneval metric applies to)
+GENEVAL_LOADER = "csd.data.geneval.geneval_prompts"
+
+
+def check_files(names: Sequence[str], eval_cfg: DictConfig, run_config: DictConfig) -> None:
+    """``eval.strict`` before a run is generated (or evaluated): raise the :class:`MissingWeightsError` or
+    :class:`MissingDataError` that a metric of ``names`` would raise for a real (non-toy) model's run of
+    ``run_config``: CLIP weights, FID's reference folder and Inception weights (loaded, as the metric loads them),
+    GenEval's detector and colour CLIP. Files only the records name (FID's paired reference images) are checked
+    when the metric runs; a metric that does not apply (no FID reference set) is skipped then, as always."""
+    if "clip_score" in names:
+        c = eval_cfg.clip
+        check_open_clip(c.model, c.pretrained, c.get("model_config"))
+    if "fid" in names:
+        try:
+            reference_dir(eval_cfg, run_config, OmegaConf.select(run_config, "dataset.name"))
+        except NotApplicable:
+            pass
+        else:
+            inception_fid(eval_cfg.fid.feature, eval_cfg.fid.inception_weights)
+    if "geneval" in names and OmegaConf.select(run_config, "dataset._target_") == GENEVAL_LOADER:
+        g = eval_cfg.geneval
+        check_geneval_files(g.detector, g.clip_model, g.clip_pretrained)

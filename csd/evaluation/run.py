@@ -12,7 +12,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from csd.adapters.base import MissingWeightsError
-from csd.config import ConfigError
+from csd.config import ConfigError, eval_metrics
 from csd.data.files import MissingDataError
 from csd.evaluation import METRICS_FILE, PER_IMAGE_FILE
 from csd.evaluation.context import EvalContext, NotApplicable
@@ -32,7 +32,7 @@ def evaluate_run(run_dir: Path, cfg: DictConfig) -> dict[str, Any]:
     """Compute the configured metrics of one run, write ``<run_dir>/metrics.json`` and ``per_image.jsonl``
     and return the former's content.
 
-    Metrics come from ``cfg.eval.metrics`` (``cfg.eval.toy.metrics`` for toy models). A metric that
+    Metrics come from ``cfg.eval.metrics`` (:func:`csd.config.eval_metrics`: null = the model's own). A metric that
     cannot run (missing weights or data, not applicable) is recorded under ``skipped`` with the
     reason, or raises when ``cfg.eval.strict`` is set. Metrics are over the union of a sharded run's shards;
     a run with missing images (:func:`missing_images`), or one a live process still generates into
@@ -51,7 +51,7 @@ def evaluate_run(run_dir: Path, cfg: DictConfig) -> dict[str, Any]:
         )
     ctx = EvalContext.load(run_dir, cfg.eval, OmegaConf.select(cfg, "device", default="auto"))
     missing = missing_images(ctx)
-    names = list(ctx.eval.toy.metrics if ctx.is_toy else ctx.eval.metrics)
+    names = eval_metrics(ctx.eval, ctx.info["model"])
     result: dict[str, Any] = {
         "run": {k: ctx.info.get(k) for k in RUN_FIELDS}
         | {"n_records": len(ctx.records), "records_sha256": records_digest(ctx.records)}

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from csd.config import ConfigError
 from csd.prompts import Prompt
 
 IMAGE_SIZE = 32
@@ -50,6 +51,9 @@ RELATION_MARGIN = 4
 #: joined by "and" (the held-out prompts use these; training may reweight them, ``experiments/train_toy.py``)
 SCENE_KIND_PROBS = (0.3, 0.25, 0.35, 0.1)
 HELDOUT_SEED = 20260611
+#: prompts of a toy split (ids of four digits: toy-0000 .. toy-9999); a scene is drawn per index, so any count could
+#: be built, but ten thousand already take about a second and more would only repeat the finite caption space
+SPLIT_SIZE = 10_000
 TRAIN_SEED = 7
 
 
@@ -276,8 +280,12 @@ def heldout_scene(prompt: Prompt) -> tuple[np.ndarray, np.ndarray]:
 
 
 def toy_prompts(n_prompts: int | None = None, split: str = "heldout") -> list[Prompt]:
-    """Hydra dataset loader: ``split="heldout"`` (evaluation, default 256 prompts) or ``"train"``."""
+    """Hydra dataset loader: ``split="heldout"`` (evaluation, default 256 prompts) or ``"train"``, each
+    :data:`SPLIT_SIZE` prompts at most (refused before any is built)."""
     n = 256 if n_prompts is None else n_prompts
+    if n > SPLIT_SIZE:
+        raise ConfigError(f"dataset.n_prompts={n}, but dataset=toy has {SPLIT_SIZE} prompts per split (ids "
+                          f"toy-0000 .. toy-{SPLIT_SIZE - 1}); set dataset.n_prompts <= {SPLIT_SIZE}")
     if split == "heldout":
         return heldout_prompts(n)
     if split == "train":
