@@ -1,6 +1,6 @@
 """Every document the README and docs/ point to exists (issue #13, "Documentation").
 
-Checked in README.md, docs/*.md and the toy model card: the target of every relative markdown link
+Checked in README.md, docs/*.md, tests/README.md and the toy model card: the target of every relative markdown link
 (``[text](target)``, ``![alt](target)``, ``[ref]: target``) exists relative to the linking file's
 folder, a ``#anchor`` into a markdown file names one of its headings, and a document named in plain
 prose (``ALGORITHMS.md``) exists, relative to the file's folder or the repository root. Code spans
@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-DOC_FILES = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md"), ROOT / "csd" / "toy" / "MODEL_CARD.md"])
+DOC_FILES = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md"), ROOT / "tests" / "README.md",
+                    ROOT / "csd" / "toy" / "MODEL_CARD.md"])
 
 FENCE = re.compile(r"^(```|~~~).*?^\1[^\n]*$", re.M | re.S)
 CODE_SPAN = re.compile(r"(`+)(?!`).*?(?<!`)\1(?!`)", re.S)
@@ -83,8 +84,9 @@ def test_every_link_resolves(md_file: Path) -> None:
 def test_docs_are_linked_from_the_readme() -> None:
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     linked = {(ROOT / t.partition("#")[0]).resolve() for t in link_targets(readme) if not t.startswith(EXTERNAL)}
-    for name in ("ALGORITHMS.md", "MODELS.md", "EVALUATION.md", "PERFORMANCE.md"):
+    for name in ("ALGORITHMS.md", "MODELS.md", "EVALUATION.md", "PERFORMANCE.md", "RESULTS.md", "CLUSTER.md", "USAGE.md"):
         assert (ROOT / "docs" / name).resolve() in linked, f"README.md does not link docs/{name}"
+    assert (ROOT / "tests" / "README.md").resolve() in linked, "README.md does not link tests/README.md"
 
 
 def test_checker_finds_broken_links(tmp_path: Path) -> None:
