@@ -176,7 +176,8 @@ class DecodeCounts:
     or more images in flight; ``uneven``: those where the images committed different counts; ``uneven_windows``:
     those where their windows had different lengths (the shorter ones padded). ``sibling_rejections`` /
     ``sibling_accepts`` (tree windows): the extra candidates of a depth (branch index > 0, existing) that RRS
-    judged and rejected / accepted.
+    judged and rejected / accepted; ``rejected_branchings``: tree windows that ended at a depth with two or more
+    candidates, all rejected (never when ``K >= V``: the candidates then cover every code).
     """
 
     images: int = 0
@@ -190,6 +191,7 @@ class DecodeCounts:
     uneven_windows: int = 0
     sibling_rejections: int = 0
     sibling_accepts: int = 0
+    rejected_branchings: int = 0
 
 
 @contextlib.contextmanager
@@ -251,6 +253,7 @@ def decode_counts(engine: JacobiEngine) -> Iterator[DecodeCounts]:
         if trees and trees[-1][0].tree is tree:
             valid = trees[-1][0].valid.tolist()
             trees[-1] = (trees[-1][0], bool(tree.children[kept[-1]]))
+            counts.rejected_branchings += len(tree.children[kept[-1]]) > 1
             for i, node in enumerate(kept):
                 kids = tree.children[node]
                 judged = kids[: kids.index(kept[i + 1]) + 1] if i + 1 < len(kept) else kids
