@@ -32,8 +32,10 @@ from csd.tree import Tree  # noqa: E402
 #   rejecting_janus()   16 codes, 4x4: target entropy 1.3 nats (log 16 = 2.8), moves 0.54, 43 % of verified
 #                       drafts rejected; the shipped head_scale=20 alone: 0.06 nats, moves 0.00 (the image is fixed
 #                       by the prompt, only fresh random drafts are rejected)
-#   rejecting_lumina()  8 codes, 3x3 + EOL: 1.3 nats (log 8 = 2.1), moves 0.6
-#   rejecting_emu3()    8 codes, 2x3 + EOL: 1.4 nats, moves 0.44
+#   rejecting_lumina()  8 codes, 3x3 + EOL: 1.2 nats (log 8 = 2.1), moves 0.60, 49 % rejected (head_scale 3, the
+#                       old test setting: 2.0 nats, nearly uniform)
+#   rejecting_emu3()    8 codes, 2x3 + EOL: 1.4 nats, moves 0.44, 51 % rejected (head_scale 3: 2.0 nats)
+# A new tiny model gets a rejecting_* builder here and a row in tests/test_tiny_models.py.
 
 
 def rejecting_janus(grid: int = 4, codebook: int = 16, head_scale: float = 10.0, **overrides: Any) -> JanusAdapter:
