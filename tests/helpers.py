@@ -6,6 +6,7 @@ import contextlib
 import itertools
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -16,7 +17,40 @@ import torch  # noqa: E402
 from scipy import stats  # noqa: E402
 
 from csd.adapters.base import DecodeContext, ModelAdapter  # noqa: E402
+from csd.adapters.emu3 import Emu3Adapter, tiny_emu3_adapter  # noqa: E402
+from csd.adapters.janus import JanusAdapter, tiny_janus_adapter  # noqa: E402
+from csd.adapters.lumina import LuminaAdapter, tiny_lumina_adapter  # noqa: E402
+from csd.engine import JacobiEngine  # noqa: E402
 from csd.processors import TargetPipeline  # noqa: E402
+from csd.tree import Tree  # noqa: E402
+
+# --------------------------------------------------------------------------- tiny models that reject drafts
+# Seeded, fp32 tiny models whose targets have moderate entropy and move with the previous tokens, so that the
+# engine tests see rejected carried drafts, rollbacks and uneven batches (checked with decode_counts). Measured
+# over 8 images (SJD, window 5, batch 4; "moves": mean total variation between the targets of one position after
+# two prefixes that differ in the previous token only):
+#   rejecting_janus()   16 codes, 4x4: target entropy 1.3 nats (log 16 = 2.8), moves 0.54, 43 % of verified
+#                       drafts rejected; the shipped head_scale=20 alone: 0.06 nats, moves 0.00 (the image is fixed
+#                       by the prompt, only fresh random drafts are rejected)
+#   rejecting_lumina()  8 codes, 3x3 + EOL: 1.2 nats (log 8 = 2.1), moves 0.60, 49 % rejected (head_scale 3, the
+#                       old test setting: 2.0 nats, nearly uniform)
+#   rejecting_emu3()    8 codes, 2x3 + EOL: 1.4 nats, moves 0.44, 51 % rejected (head_scale 3: 2.0 nats)
+# A new tiny model gets a rejecting_* builder here and a row in tests/test_tiny_models.py.
+
+
+def rejecting_janus(grid: int = 4, codebook: int = 16, head_scale: float = 10.0, **overrides: Any) -> JanusAdapter:
+    """A tiny Janus whose image tokens feed back into the targets (``input_gain``, csd/adapters/janus.py)."""
+    return tiny_janus_adapter(grid=grid, codebook=codebook, head_scale=head_scale, input_gain=300.0, **overrides)
+
+
+def rejecting_lumina(grid: tuple[int, int] = (3, 3), **overrides: Any) -> LuminaAdapter:
+    """A tiny Lumina-mGPT with moderately peaked targets (its image tokens already feed back at random init)."""
+    return tiny_lumina_adapter(grid=grid, **{"head_scale": 10.0, **overrides})
+
+
+def rejecting_emu3(grid: tuple[int, int] = (2, 3), **overrides: Any) -> Emu3Adapter:
+    """A tiny Emu3 with moderately peaked targets (its image tokens already feed back at random init)."""
+    return tiny_emu3_adapter(grid=grid, **{"head_scale": 12.0, **overrides})
 
 
 @torch.no_grad()
@@ -127,3 +161,117 @@ def prefilled_batch(adapter: ModelAdapter, prompts: list[str] | tuple[str, ...])
         adapter.prefill_slot(state, slot, prompt)
         contexts.append(adapter.prefill(prompt))
     return state, contexts
+
+
+@dataclass
+class DecodeCounts:
+    """What an engine run exercised (:func:`decode_counts`); a test asserts minimums so that it fails once its
+    model or settings stop producing rejections, rollbacks or uneven batches.
+
+    ``rejections``: drafts verified but not accepted (``drafts_verified - drafts_accepted`` of the finished
+    images' stats). ``rollbacks``: (image, iteration) pairs whose window ended in a rejection, so that its tail
+    was dropped from the cache (a chain: fewer tokens committed than window rows; a tree: every candidate below
+    the kept path's last node rejected); ``longest_rollback``: the most window entries one of them dropped.
+    ``carried_rejections``: those whose rejected draft (tree: candidate 0 of the rejected depth) was carried from
+    the previous iteration, a sample of an earlier target that SJD rejects only when the newly committed tokens
+    moved its target (a model whose targets ignore the image prefix has none). ``batched``: iterations with two
+    or more images in flight; ``uneven``: those where the images committed different counts; ``uneven_windows``:
+    those where their windows had different lengths (the shorter ones padded). ``sibling_rejections`` /
+    ``sibling_accepts`` (tree windows): the extra candidates of a depth (branch index > 0, existing) that RRS
+    judged and rejected / accepted; ``rejected_branchings``: tree windows that ended at a depth with two or more
+    candidates, all rejected (never when ``K >= V``: the candidates then cover every code).
+    """
+
+    images: int = 0
+    iterations: int = 0
+    rejections: int = 0
+    rollbacks: int = 0
+    longest_rollback: int = 0
+    carried_rejections: int = 0
+    batched: int = 0
+    uneven: int = 0
+    uneven_windows: int = 0
+    sibling_rejections: int = 0
+    sibling_accepts: int = 0
+    rejected_branchings: int = 0
+
+
+@contextlib.contextmanager
+def decode_counts(engine: JacobiEngine) -> Iterator[DecodeCounts]:
+    """Count, while ``engine`` decodes inside the block, the rejections, rollbacks and uneven advances of its
+    iterations (:class:`DecodeCounts`). Wraps the engine's per-iteration steps; changes no token."""
+    counts = DecodeCounts()
+    steps = {name: getattr(engine, name) for name in ("_iteration", "_window", "_tree_window", "_advance", "_finish")}
+    # per image in flight, in slot order: window rows (tree: nodes), drafts carried from the previous iteration,
+    # committed tokens; a tree window also records whether its path ended in a rejection
+    rows: list[int] = []
+    carried: list[int] = []
+    committed: list[int] = []
+    trees: list[tuple[Any, bool]] = []
+    tree_path = Tree.path
+
+    def iteration(state, slots):
+        for seen in (rows, carried, committed, trees):
+            seen.clear()
+        done = steps["_iteration"](state, slots)
+        counts.iterations += 1
+        ended = [m < k for k, m in zip(rows, committed, strict=True)] if not trees else [trees[0][1]]
+        for k, c, m, rejected in zip(rows, carried, committed, ended, strict=True):
+            if rejected:  # m - 1 drafts accepted: the m-th was rejected
+                counts.rollbacks += 1
+                counts.longest_rollback = max(counts.longest_rollback, k - m)
+                counts.carried_rejections += m <= c
+        if len(committed) > 1:
+            counts.batched += 1
+            counts.uneven += len(set(committed)) > 1
+            counts.uneven_windows += len(set(rows)) > 1
+        return done
+
+    def window(image):
+        w = steps["_window"](image)
+        rows.append(w.rows)
+        carried.append(min(image.carried.numel(), w.rows - 1))
+        return w
+
+    def tree_window(image):
+        w = steps["_tree_window"](image)
+        rows.append(w.tree.size)
+        carried.append(min(image.carried.numel(), w.tree.spine - 1))
+        trees.append((w, False))
+        return w
+
+    def advance(image, tokens, *args, **kwargs):
+        committed.append(tokens.numel())
+        return steps["_advance"](image, tokens, *args, **kwargs)
+
+    def finish(image):
+        gen = steps["_finish"](image)
+        counts.images += 1
+        counts.rejections += gen.stats["drafts_verified"] - gen.stats["drafts_accepted"]
+        return gen
+
+    def path(tree, accepted, deepest=False):
+        kept = tree_path(tree, accepted, deepest)
+        if trees and trees[-1][0].tree is tree:
+            valid = trees[-1][0].valid.tolist()
+            trees[-1] = (trees[-1][0], bool(tree.children[kept[-1]]))
+            counts.rejected_branchings += len(tree.children[kept[-1]]) > 1
+            for i, node in enumerate(kept):
+                kids = tree.children[node]
+                judged = kids[: kids.index(kept[i + 1]) + 1] if i + 1 < len(kept) else kids
+                for kid in judged:
+                    if tree.branches[kid][-1] > 0 and valid[kid]:
+                        counts.sibling_accepts += bool(accepted[kid])
+                        counts.sibling_rejections += not accepted[kid]
+        return kept
+
+    wrappers = dict(_iteration=iteration, _window=window, _tree_window=tree_window, _advance=advance, _finish=finish)
+    for name, wrapper in wrappers.items():
+        setattr(engine, name, wrapper)
+    Tree.path = path
+    try:
+        yield counts
+    finally:
+        Tree.path = tree_path
+        for name in wrappers:
+            delattr(engine, name)

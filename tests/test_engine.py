@@ -1,4 +1,8 @@
-"""The engine on the tiny Janus: window/rollback exactness, AR == HF generate, CSD degenerates to SJD."""
+"""The engine on the tiny Janus: window/rollback exactness, AR == HF generate, CSD degenerates to SJD.
+
+The Janus is ``tests.helpers.rejecting_janus`` (16 codes, targets that move with the previous tokens), so the
+token-identity tests run through rejected carried drafts and rollbacks, which they count and require.
+"""
 
 from __future__ import annotations
 
@@ -9,17 +13,17 @@ from baselines.gsd import GSD
 from baselines.lantern import Lantern
 from baselines.relaxed import Addition, Amplify
 from csd.acceptance import CSD, SJD
-from csd.adapters.janus import TINY_BOI, TINY_BOS, TINY_PAD, tiny_byte_encoder, tiny_janus_adapter
+from csd.adapters.janus import TINY_BOI, TINY_BOS, TINY_PAD, tiny_byte_encoder
 from csd.engine import JacobiEngine
 from csd.records import COMMIT_ACCEPTED, COMMIT_RELAXED, COMMIT_SAMPLED
-from tests.helpers import count_host_reads
+from tests.helpers import count_host_reads, decode_counts, rejecting_janus
 
 PROMPT = "two red circles"
 
 
 @pytest.fixture(scope="module")
 def adapter():
-    return tiny_janus_adapter(grid=4, codebook=16, head_scale=20.0)
+    return rejecting_janus()  # 4x4 tokens, 16 codes
 
 
 def test_window_logits_equal_step_by_step(adapter):
@@ -44,7 +48,7 @@ def test_rollback_is_exact(adapter):
 
 
 def test_greedy_ar_equals_hf_generate():
-    adapter = tiny_janus_adapter(grid=4, codebook=16, head_scale=3.0, top_k=1)
+    adapter = rejecting_janus(top_k=1)
     ours = JacobiEngine(adapter, SJD(), window=1).generate(PROMPT, seed=0).tokens
     model = adapter.model
     model.generation_config.pad_token_id = TINY_PAD
@@ -62,11 +66,15 @@ def test_greedy_ar_equals_hf_generate():
 @pytest.mark.parametrize("csd", [CSD(lam=0.0, delta=0.9), CSD(lam=2.0, delta=0.0)])
 @pytest.mark.parametrize("init", ["random", "repeat_left"])
 def test_csd_degenerates_to_sjd_token_for_token(adapter, csd, init):
-    for seed in range(4):
-        ref = JacobiEngine(adapter, SJD(), window=5, init=init).generate(PROMPT, seed=seed)
-        got = JacobiEngine(adapter, csd, window=5, init=init).generate(PROMPT, seed=seed)
-        assert got.tokens.tolist() == ref.tokens.tolist()
-        assert got.nfe == ref.nfe and got.stats["relaxed_accepts"] == 0
+    sjd = JacobiEngine(adapter, SJD(), window=5, init=init)
+    with decode_counts(sjd) as exercised:
+        for seed in range(4):
+            ref = sjd.generate(PROMPT, seed=seed)
+            got = JacobiEngine(adapter, csd, window=5, init=init).generate(PROMPT, seed=seed)
+            assert got.tokens.tolist() == ref.tokens.tolist()
+            assert got.nfe == ref.nfe and got.stats["relaxed_accepts"] == 0
+    # measured: random 25 rejections (15 carried), repeat_left 18 (10)
+    assert exercised.rejections >= 8 and exercised.carried_rejections >= 4
 
 
 def test_relaxed_csd_relaxes_and_records_it(adapter):
@@ -101,10 +109,14 @@ def test_ar_is_window_one(adapter):
 
 def test_padded_window_gives_identical_tokens(adapter):
     """The compiled path's fixed-shape windows (drafts padded to L) change nothing but the shapes."""
-    for seed in range(3):
-        ref = JacobiEngine(adapter, SJD(), window=6).generate(PROMPT, seed=seed)
-        padded = JacobiEngine(adapter, SJD(), window=6, pad_window=True).generate(PROMPT, seed=seed)
-        assert padded.tokens.tolist() == ref.tokens.tolist()
+    engine = JacobiEngine(adapter, SJD(), window=6, pad_window=True)
+    with decode_counts(engine) as exercised:
+        for seed in range(3):
+            ref = JacobiEngine(adapter, SJD(), window=6).generate(PROMPT, seed=seed)
+            padded = engine.generate(PROMPT, seed=seed)
+            assert padded.tokens.tolist() == ref.tokens.tolist()
+    # measured: 19 rollbacks (12 of a carried draft), the longest 5 (the whole window's drafts)
+    assert exercised.rollbacks >= 8 and exercised.carried_rejections >= 4 and exercised.longest_rollback == 5
 
 
 def test_engine_rejects_bad_settings(adapter):

@@ -212,6 +212,7 @@ def tiny_janus_adapter(
     codebook: int = 64,
     seed: int = 0,
     head_scale: float = 1.0,
+    input_gain: float = 1.0,
     guidance_scale: float = 5.0,
     top_k: int = 0,
     temperature: float = 1.0,
@@ -227,12 +228,18 @@ def tiny_janus_adapter(
 
     ``head_scale`` multiplies the image head's weights: random init gives near-uniform logits, and a
     larger scale makes the target distributions peaked and position-dependent, as a trained model's are.
+    ``input_gain`` multiplies the generation aligner's output, the image tokens' input embeddings: at random
+    init they are about 500 times smaller than the prompt's, so the targets hardly depend on the image tokens
+    already decoded (the same image whatever the drafts); a gain of a few hundred makes the next target move
+    with the previous tokens, as a trained model's does (tests/helpers.py ``rejecting_janus``).
     """
     torch.manual_seed(seed)
     model = JanusForConditionalGeneration(tiny_janus_config(grid, codebook))
     with torch.no_grad():
         for p in model.model.generation_head.parameters():
             p.mul_(head_scale)
+        for p in model.model.generation_aligner.hidden_layers[-1].parameters():
+            p.mul_(input_gain)
     sampling = SamplingConfig(guidance_scale=guidance_scale, top_k=top_k, temperature=temperature)
     model = model.to(device=device, dtype=resolve_dtype(dtype))
     return JanusAdapter(
