@@ -1,4 +1,4 @@
-"""Batched decoding on one preallocated KV cache with a length per row (issue #14).
+"""Batched decoding on one preallocated KV cache with a length per row (docs/ALGORITHMS.md "Batches: ragged rows on one loop").
 
 ``B`` images decode together, each at its own point of its image: slot ``b`` owns cache rows
 ``b * rows .. b * rows + rows - 1`` (``rows`` = 2 under CFG, conditional first) and every row has its
@@ -77,6 +77,10 @@ class RaggedCache:
         self._active = slice(0, rows)
         self._bound = capacity
         self._write = self._row_index = torch.zeros(0, dtype=torch.long, device=self.device)
+        #: eager forwards whose rows all write at one host-known start: the entries' slice (a copy, no index kernels)
+        self._span: slice | None = None
+        #: eager causal masks: row ``p`` is the additive mask of a query at position ``p`` (built on first use)
+        self._causal: torch.Tensor | None = None
 
     def grow(self, capacity: int) -> None:
         """Enlarge every buffer to ``capacity`` entries per row, keeping its content (new entries zeroed)."""
@@ -123,19 +127,39 @@ class RaggedCache:
         positions = (self.lengths[rows, None] + torch.arange(q, device=self.device)).clamp(max=self.capacity - 1)
         needed = max((self.filled[r] + q for r, grows in zip(indices, advance, strict=True) if grows), default=q)
         self._bound = self.capacity if self.fixed else key_bound(needed, self.capacity)
-        visible = torch.arange(self._bound, device=self.device) <= positions[:, :, None]
         write = positions
         if tree is not None:
             visible = tree.visible(self.lengths[rows], self._bound)
             positions = self.lengths[rows, None] + tree.depth
-        mask = torch.zeros(visible.shape, dtype=self.dtype, device=self.device)
-        mask.masked_fill_(~visible, torch.finfo(self.dtype).min)
+            mask = torch.zeros(visible.shape, dtype=self.dtype, device=self.device)
+            mask.masked_fill_(~visible, torch.finfo(self.dtype).min)
+        elif self.fixed:
+            visible = torch.arange(self._bound, device=self.device) <= positions[:, :, None]
+            mask = torch.zeros(visible.shape, dtype=self.dtype, device=self.device)
+            mask.masked_fill_(~visible, torch.finfo(self.dtype).min)
+        else:  # the same values, read from a table: one gather instead of four kernels per forward
+            mask = self.causal_masks()[positions][:, :, : self._bound]
+        starts = {self.filled[r] for r in indices}
+        same_start = len(starts) == 1 and min(starts) >= 0 and all(advance)
+        self._span = slice(min(starts), min(starts) + q) if same_start and tree is None and not self.fixed else None
         self._active, self._write = rows, write
-        self._row_index = torch.arange(positions.shape[0], device=self.device)[:, None]
-        self.lengths[rows] += q * to_device(advance, self.device)
+        if len(self._row_index) != positions.shape[0]:
+            self._row_index = torch.arange(positions.shape[0], device=self.device)[:, None]
+        if all(advance):
+            self.lengths[rows] += q
+        else:
+            self.lengths[rows] += q * to_device(advance, self.device)
         for r, grows in zip(indices, advance, strict=True):
             self.filled[r] += q * grows
         return positions, mask.unsqueeze(1)
+
+    def causal_masks(self) -> torch.Tensor:
+        """``[capacity, capacity]`` additive masks: row ``p`` is 0 for keys ``k <= p``, dtype min after."""
+        if self._causal is None or self._causal.shape[0] != self.capacity:
+            keys = torch.arange(self.capacity, device=self.device)
+            self._causal = torch.zeros((self.capacity, self.capacity), dtype=self.dtype, device=self.device)
+            self._causal.masked_fill_(keys[None, :] > keys[:, None], torch.finfo(self.dtype).min)
+        return self._causal
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,
                kwargs: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -143,14 +167,18 @@ class RaggedCache:
         first ``bound`` entries ``[A, H, bound, D]`` (the transformers ``Cache.update`` contract)."""
         keys = self.keys[layer_idx][self._active]
         values = self.values[layer_idx][self._active]
-        keys[self._row_index, :, self._write] = key_states.transpose(1, 2)
-        values[self._row_index, :, self._write] = value_states.transpose(1, 2)
+        if self._span is not None:
+            keys[:, :, self._span] = key_states
+            values[:, :, self._span] = value_states
+        else:
+            keys[self._row_index, :, self._write] = key_states.transpose(1, 2)
+            values[self._row_index, :, self._write] = value_states.transpose(1, 2)
         return keys[:, :, : self._bound], values[:, :, : self._bound]
 
     def compact(self, rows: Sequence[int], q: int, keep: Sequence[int]) -> None:
         """After a forward of ``q`` entries on ``rows``: move its entries ``keep`` (increasing window indices, the
         first 0) to the front of the window and drop the others. A tree window keeps its root and accepted path;
-        their position ids already were the path's, so the moved keys are exact (NEW_METHODS.md 1.6)."""
+        their position ids already were the path's, so the moved keys are exact (docs/ALGORITHMS.md "SJD-PAC: tree windows")."""
         keep = list(keep)
         if keep != list(range(len(keep))):
             src, dst = to_device(keep, self.device), torch.arange(len(keep), device=self.device)
