@@ -1,4 +1,4 @@
-"""COOL-SD: annealed relaxation of speculative decoding (AAAI 2026, arXiv 2601.09212; NEW_METHODS.md section 3).
+"""COOL-SD: annealed relaxation of speculative decoding (AAAI 2026, arXiv 2601.09212; docs/ALGORITHMS.md).
 
 ``b_d = min(1, w_d q(x)/p(x))`` with a weight that decreases along the window: relax the earliest drafts
 most. Window depth ``d = 0..K-2`` is the index along dim ``-2`` of ``accept_prob``'s ``[..., K-1, V]``

@@ -5,7 +5,7 @@ The released code scales SJD's uniform by ``s = clamp(H(q)/e + o, 0, 1)`` and ac
 target is confident (``1/s = 20`` at ``H = 0``). ``b >= min(1, q/p)``, so the TV-optimal residual
 ``norm([q - p b]_+)`` is the lossless ``norm([q - p]_+)`` (COOL-SD, Prop. 1). Its dynamic temperature is a model
 option, part of the target ``q`` of every method (``model.entropy_temperature``, ``csd.processors``); the paper's
-"+random" rule is not implemented (design notes, NEW_METHODS.md section 2).
+"+random" rule is not implemented (docs/ALGORITHMS.md, "Entropy-aware SJD").
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, open_dict
 
 from csd.adapters.base import ModelAdapter
-from csd.config import CONF_DIR, build_adapter, build_rule, engine_args, resolve_device, validate
+from csd.config import CONF_DIR, build_adapter, build_drafter, build_rule, resolve_device, validate
 from csd.engine import Generation, JacobiEngine
 
 
@@ -37,8 +37,7 @@ class Decoder:
         self.cfg = compose_config(model, method, overrides)
         self.overrides = overrides
         self.adapter = adapter or build_adapter(self.cfg.model, resolve_device(self.cfg.device))
-        m = self.cfg.method
-        self.engine = JacobiEngine(self.adapter, build_rule(m), **engine_args(m))
+        self.engine = JacobiEngine(self.adapter, build_rule(self.cfg.method), build_drafter(self.cfg.drafter))
 
     def generate(self, prompt: str, seed: int = 0) -> tuple[np.ndarray, Generation]:
         gen = self.engine.generate(prompt, seed)
@@ -46,5 +45,5 @@ class Decoder:
 
     def with_method(self, method: str, **overrides: Any) -> Decoder:
         """Another method on the already-loaded model (model overrides of this decoder are kept)."""
-        model_overrides = {k: v for k, v in self.overrides.items() if not k.startswith("method.")}
+        model_overrides = {k: v for k, v in self.overrides.items() if not k.startswith(("method.", "drafter"))}
         return Decoder(self.cfg.model.name, method, adapter=self.adapter, **model_overrides, **overrides)

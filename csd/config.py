@@ -20,11 +20,11 @@ import torch
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import OverrideParseException
 from hydra.utils import get_class, get_method
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from csd.acceptance import ENTROPY_NORMS, AcceptanceRule
 from csd.adapters.base import EntropyTemperature, ModelAdapter
-from csd.engine import COUPLINGS, DRAFT_RECORDS, INIT_SCHEMES
+from csd.drafters import COUPLINGS, DRAFT_RECORDS, INIT_SCHEMES, Drafter
 from csd.evaluation.images import step_error
 from csd.prompts import Prompt
 from csd.schema import (
@@ -46,15 +46,17 @@ from csd.schema import (
     StrMap,
     show,
 )
-from csd.tree import tree_problem
 
 log = logging.getLogger(__name__)
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 STAGES = ("generate", "evaluate", "report", "status", "study", "all")
+#: the drafting keys that moved from the method to the drafter group (deprecated under ``method.``): old -> new name
+MOVED_TO_DRAFTER = {"window": "window", "init": "init", "coupling": "coupling", "draft_record": "draft_record",
+                    "tree_width": "width", "tree_depth": "depth", "pac_code_parity": "code_parity"}
+#: the tree drafter's own keys (``drafter=pac_tree``)
+TREE_KEYS = ("width", "depth", "code_parity")
 #: method keys that are not hyper-parameters of the acceptance rule
-ENGINE_KEYS = ("name", "_target_", "window", "init", "coupling", "draft_record", "tree_width", "tree_depth", "pac_code_parity")
-#: tree-window keys (SJD-PAC), recorded only for tree windows so that chain runs keep their parameters
-TREE_KEYS = ("tree_width", "tree_depth", "pac_code_parity")
+ENGINE_KEYS = ("name", "_target_", *MOVED_TO_DRAFTER)
 
 
 class ConfigError(ValueError):
@@ -78,6 +80,8 @@ def metric_names() -> list[str]:
 
 #: what null means for a key every method carries but only some use (method_keys.yaml)
 UNSET = "for the method's default"
+#: what null means for the deprecated drafting keys of method_keys.yaml
+MOVED = "for the drafter's value (deprecated key: use drafter.<key>)"
 
 #: ``dataset.caption_rule`` of COCO captions (the keys of ``csd.data.coco.CAPTION_RULES``, which imports this module)
 CAPTION_RULES = ("longest", "sjd", "lantern")
@@ -105,13 +109,14 @@ SCHEMA: dict[str, Spec | ByTarget] = {
     # conf/method_keys.yaml, conf/method/*.yaml
     "method.name": Group(group="method", options=choices),
     "method._target_": Str(),
-    "method.window": Int(min=1),
-    "method.init": Choice(options=INIT_SCHEMES),
-    "method.coupling": Choice(options=COUPLINGS),
-    "method.draft_record": Choice(options=DRAFT_RECORDS),
-    "method.tree_width": Int(min=1),
-    "method.tree_depth": Int(min=1),
-    "method.pac_code_parity": Bool(),
+    # deprecated (the drafter group's keys, MOVED_TO_DRAFTER): null = unset
+    "method.window": Int(min=1, null=MOVED),
+    "method.init": Choice(options=INIT_SCHEMES, null=MOVED),
+    "method.coupling": Choice(options=COUPLINGS, null=MOVED),
+    "method.draft_record": Choice(options=DRAFT_RECORDS, null=MOVED),
+    "method.tree_width": Int(min=1, null=MOVED),
+    "method.tree_depth": Int(min=1, null=MOVED),
+    "method.pac_code_parity": Bool(null=MOVED),
     "method.lam": Float(min=0, null=UNSET),
     "method.delta": Float(min=0, max=1, null=UNSET),
     "method.entropy_norm": Choice(options=ENTROPY_NORMS, null=UNSET),
@@ -126,6 +131,16 @@ SCHEMA: dict[str, Spec | ByTarget] = {
     "method.anneal_scale": Float(min=1, null=UNSET),
     "method.anneal_decay": Float(min=0, null=UNSET),
     "method.code_parity": Bool(null=UNSET),
+    # conf/drafter/*.yaml
+    "drafter.name": Group(group="drafter", options=choices),
+    "drafter._target_": Str(),
+    "drafter.window": Int(min=1),
+    "drafter.init": Choice(options=INIT_SCHEMES),
+    "drafter.coupling": Choice(options=COUPLINGS),
+    "drafter.draft_record": Choice(options=DRAFT_RECORDS),
+    "drafter.width": Int(min=2),
+    "drafter.depth": Int(min=2),
+    "drafter.code_parity": Bool(),
     # conf/model/*.yaml
     "model.name": Group(group="model", options=choices),
     "model._target_": Str(),
@@ -365,12 +380,9 @@ def _warn_once(cfg: DictConfig, messages: list[str]) -> None:
         log.warning(message)
 
 
-def validate(cfg: DictConfig) -> None:
-    """Check every value against :data:`SCHEMA`, then the cross-key rules and the rule's own checks.
-
-    Raises :class:`ConfigError` (one line: the value and what is allowed); warns once per config about
-    keys nothing reads and method keys the chosen method ignores.
-    """
+def _check_schema(cfg: DictConfig) -> list[str]:
+    """Check every value against :data:`SCHEMA` (a :class:`ConfigError` for the first bad one); returns the keys it
+    does not know."""
     unknown = []
     for key, value in _leaves(cfg):
         spec = SCHEMA.get(key)
@@ -382,20 +394,29 @@ def validate(cfg: DictConfig) -> None:
         message = spec.error(key, value)
         if message:
             raise ConfigError(message)
-    m, d = cfg.method, cfg.dataset
-    _check(m.name != "ar" or m.window == 1, f"method=ar needs method.window=1, got {m.window}")
-    _check(m.name == "ar" or m.window > 1, f"method={m.name} with method.window=1 decodes exactly like method=ar (one "
+    return unknown
+
+
+def validate(cfg: DictConfig) -> None:
+    """Check every value against :data:`SCHEMA`, then the cross-key rules and the rule's own checks.
+
+    Raises :class:`ConfigError` (one line: the value and what is allowed); warns once per config about
+    keys nothing reads and method keys the chosen method ignores. Deprecated ``method.<drafting key>`` values are
+    moved to the drafter first (:func:`move_drafter_keys`).
+    """
+    unknown = _check_schema(cfg)
+    moved = move_drafter_keys(cfg)
+    if moved:
+        _check_schema(cfg)
+    m, d, window = cfg.method, cfg.dataset, cfg.drafter.window
+    _check(m.name != "ar" or window == 1, f"method=ar needs drafter.window=1, got {window}")
+    _check(m.name == "ar" or window > 1, f"method={m.name} with drafter.window=1 decodes exactly like method=ar (one "
            "token per forward, no drafts) but would be labelled and reported as another method: use method=ar, or "
-           "method.window >= 2")
-    _check(m.draft_record != "uniform" or m.init == "random",
-           f"method.draft_record=uniform records the law of random drafts: it needs method.init=random, got {m.init!r}")
+           "drafter.window >= 2")
     _check(d.shard < d.num_shards, f"dataset.shard={d.shard} must be < dataset.num_shards={d.num_shards}")
-    problem = tree_problem(m.window, m.tree_width, m.tree_depth, m.coupling, m.pac_code_parity)
+    drafter = build_drafter(cfg.drafter)  # the drafter's own checks, before any model loads
+    problem = drafter.problem(cfg.engine.batch_size, cfg.engine.compile)
     _check(problem is None, str(problem))
-    if m.tree_width > 1:
-        _check(cfg.engine.batch_size == 1, f"method={m.name} with tree windows (method.tree_width={m.tree_width}) decodes "
-               f"one image at a time: set engine.batch_size=1, got {cfg.engine.batch_size}")
-        _check(not cfg.engine.compile, f"method={m.name} with tree windows (method.tree_width={m.tree_width}) runs eagerly: set engine.compile=false")
     rule = OmegaConf.select(cfg, "eval.caption_rule")
     _check(rule is None or cfg.stage not in ("generate", "all") or d.get("caption_rule", rule) == rule,
            f"eval.protocol={OmegaConf.select(cfg, 'eval.protocol')} was published on COCO prompts chosen by "
@@ -404,6 +425,10 @@ def validate(cfg: DictConfig) -> None:
     build_rule(m)  # the rule's own checks, still before any model loads
     entropy_temperature(cfg.model)
     warnings = []
+    if moved:
+        warnings.append(f"{', '.join(f'method.{k}' for k in moved)} deprecated: the drafting keys moved to the drafter "
+                        f"group; use {', '.join(f'drafter.{MOVED_TO_DRAFTER[k]}' for k in moved)}"
+                        + (" with drafter=pac_tree" if any(MOVED_TO_DRAFTER[k] in TREE_KEYS for k in moved) else ""))
     if unknown:
         named = [f"{key} (did you mean {close}?)" if (close := close_names(key, list(SCHEMA))) else key
                  for key in unknown]
@@ -479,15 +504,46 @@ def load_prompts(dataset: DictConfig) -> list[Prompt]:
     return prompts
 
 
-def engine_args(method: DictConfig) -> dict[str, Any]:
-    """The method's drafting settings, as ``JacobiEngine`` keyword arguments."""
-    return {"window": method.window, "init": method.init, "coupling": method.coupling, "draft_record": method.draft_record,
-            **{key: method[key] for key in TREE_KEYS}}
+def move_drafter_keys(cfg: DictConfig) -> list[str]:
+    """Move deprecated ``method.<drafting key>`` values (:data:`MOVED_TO_DRAFTER`) into ``cfg.drafter``; returns the
+    keys moved. ``method.tree_width > 1`` on a chain drafter switches to ``drafter=pac_tree`` and ``method.tree_width=1``
+    on a tree to ``drafter=chain``, keeping the window settings, as the method keys decoded before the drafter group."""
+    method = cfg.method
+    moved = {key: method[key] for key in MOVED_TO_DRAFTER if method.get(key) is not None}
+    if not moved:
+        return []
+    with open_dict(cfg):
+        drafter = cfg.drafter
+        width = moved.get("tree_width")
+        name = drafter.name if width is None else ("pac_tree" if width > 1 else "chain")
+        if name != drafter.name:
+            common = {key: drafter[key] for key in ("window", "init", "coupling", "draft_record")}
+            drafter = OmegaConf.load(CONF_DIR / "drafter" / f"{name}.yaml")
+            if name == "pac_tree":  # the tree keys' values before the drafter group
+                common.update(depth=1, code_parity=False)
+            drafter.merge_with(common)
+        for key, value in moved.items():
+            if MOVED_TO_DRAFTER[key] in TREE_KEYS and name != "pac_tree":
+                if key != "tree_width":
+                    raise ConfigError(f"method.{key} is a tree setting: use drafter=pac_tree "
+                                      f"drafter.{MOVED_TO_DRAFTER[key]}={show(value)}")
+            else:
+                drafter[MOVED_TO_DRAFTER[key]] = value
+            method[key] = None
+        cfg.drafter = drafter
+    return sorted(moved)
 
 
-def method_params(method: DictConfig) -> dict[str, Any]:
-    """What a run records about its method: engine settings plus the rule's own hyper-parameters."""
-    args = engine_args(method)
-    if args["tree_width"] == 1:
-        args = {k: v for k, v in args.items() if k not in TREE_KEYS}
-    return {**args, **build_rule(method).params()}
+def build_drafter(drafter: DictConfig) -> Drafter:
+    """The drafter of ``drafter`` (``conf/drafter/<name>.yaml``: its ``_target_`` class and keys)."""
+    params = {k: v for k, v in OmegaConf.to_container(drafter, resolve=True).items() if k not in ("name", "_target_")}
+    try:
+        return get_class(drafter._target_)(**params)
+    except ValueError as err:
+        raise ConfigError(str(err)) from err
+
+
+def method_params(cfg: DictConfig) -> dict[str, Any]:
+    """What a run records about its method: the drafter's settings plus the rule's own hyper-parameters."""
+    move_drafter_keys(cfg)
+    return {**build_drafter(cfg.drafter).params(), **build_rule(cfg.method).params()}

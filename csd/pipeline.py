@@ -20,13 +20,14 @@ from csd.adapters.base import ModelAdapter
 from csd.config import (
     ConfigError,
     build_adapter,
+    build_drafter,
     build_rule,
-    engine_args,
     load_prompts,
     method_params,
     resolve_device,
     validate,
 )
+from csd.drafters import ChainDrafter
 from csd.engine import Generation, JacobiEngine, Request, synchronize
 from csd.prompts import Prompt
 from csd.records import ImageRecord, RecordWriter, image_name, load_records, records_file, shard_suffix
@@ -89,7 +90,7 @@ def update_run_info(path: Path, **fields: Any) -> None:
 def run_settings(cfg: DictConfig) -> dict[str, Any]:
     """The method, model and method_params that run.json records for ``cfg``, as JSON: every record repeats
     them (a resume sets aside those that do not, :class:`RecordWriter`)."""
-    params = method_params(cfg.method)
+    params = method_params(cfg)
     return json.loads(json.dumps({"method": cfg.method.name, "model": cfg.model.name, "method_params": params}))
 
 
@@ -175,8 +176,9 @@ def warm_up(cfg: DictConfig, engine: JacobiEngine, prompt: str) -> None:
     ``engine``'s batch size too (reached only in a final one-row window)."""
     for _ in range(cfg.engine.warmup):
         engine.generate(prompt, seed=0)
-    if cfg.engine.compile and engine.window > 1:
-        JacobiEngine(engine.adapter, engine.rule, window=1, pad_window=True, batch_size=engine.batch_size).generate(prompt, seed=0)
+    if cfg.engine.compile and engine.drafter.window > 1:
+        JacobiEngine(engine.adapter, engine.rule, ChainDrafter(window=1), batch_size=engine.batch_size,
+                     pad_window=True).generate(prompt, seed=0)
 
 
 def check_fits(cfg: DictConfig, adapter: ModelAdapter, prompts: list[Prompt]) -> None:
@@ -185,17 +187,17 @@ def check_fits(cfg: DictConfig, adapter: ModelAdapter, prompts: list[Prompt]) ->
     prompts.
 
     A window longer than the image is logged (decoding is unchanged: a window never holds more than the positions
-    left to decode) and refused with ``engine.compile=true``, which pads every window to ``method.window`` rows.
+    left to decode) and refused with ``engine.compile=true``, which pads every window to ``drafter.window`` rows.
     A compiled cache (``engine.max_cache_len``) must hold the longest prompt, the image and one window.
     """
-    body, window, model = adapter.layout.length, cfg.method.window, cfg.model.name
+    body, window, model = adapter.layout.length, cfg.drafter.window, cfg.model.name
     if window > body:
         if cfg.engine.compile:
-            raise ConfigError(f"method.window={window} is longer than model={model}'s image ({body} tokens) and "
-                              "engine.compile=true pads every window to method.window rows: set method.window <= "
+            raise ConfigError(f"drafter.window={window} is longer than model={model}'s image ({body} tokens) and "
+                              "engine.compile=true pads every window to drafter.window rows: set drafter.window <= "
                               f"{body}")
-        log.warning("method.window=%d is longer than model=%s's image (%d tokens): a window holds at most the "
-                    "tokens left to decode, so this run decodes as with method.window=%d", window, model, body, body)
+        log.warning("drafter.window=%d is longer than model=%s's image (%d tokens): a window holds at most the "
+                    "tokens left to decode, so this run decodes as with drafter.window=%d", window, model, body, body)
     if not cfg.engine.compile or cfg.engine.max_cache_len is None:
         return
     with torch.no_grad():
@@ -217,7 +219,7 @@ def generate_missing(cfg: DictConfig, prompts: list[Prompt], writer: RecordWrite
     for a batched pass with ``engine.latency_probe``, the batch-1 latencies of the run's first images.
     """
     rule = build_rule(cfg.method)
-    params = method_params(cfg.method)
+    params = method_params(cfg)
     run_dir = writer.run_dir
     shard, num_shards = cfg.dataset.shard, cfg.dataset.num_shards
     todo = [
@@ -235,8 +237,8 @@ def generate_missing(cfg: DictConfig, prompts: list[Prompt], writer: RecordWrite
     adapter = build_adapter(cfg.model, device, cfg.engine)
     check_fits(cfg, adapter, [prompt for _, prompt, _ in todo])
     write_run_info(run_dir, cfg, params, adapter.describe(), n_images)
-    args = {**engine_args(cfg.method), "pad_window": cfg.engine.compile}
-    engine = JacobiEngine(adapter, rule, **args, batch_size=cfg.engine.batch_size)
+    engine = JacobiEngine(adapter, rule, build_drafter(cfg.drafter), batch_size=cfg.engine.batch_size,
+                          pad_window=cfg.engine.compile)
     warm_up(cfg, engine, todo[0][1].text)
     log.info("%s: %d of %d images to generate, %d at a time", run_dir, len(todo), n_images, cfg.engine.batch_size)
     requests = (Request(prompt.text, image_seed(cfg.seed, index, sample), key=(index, prompt, sample)) for index, prompt, sample in todo)
@@ -255,7 +257,7 @@ def generate_missing(cfg: DictConfig, prompts: list[Prompt], writer: RecordWrite
         info_path, throughput_images=len(todo), throughput_engine_s=engine_s, throughput_images_per_s=len(todo) / engine_s
     )
     if cfg.engine.batch_size > 1 and cfg.engine.latency_probe:
-        probe = JacobiEngine(adapter, rule, **args)
+        probe = JacobiEngine(adapter, rule, build_drafter(cfg.drafter), pad_window=cfg.engine.compile)
         update_run_info(info_path, latency_probe=latency_probe(cfg, probe, prompts, run_dir))
 
 

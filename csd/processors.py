@@ -48,7 +48,7 @@ def single_row(logits: torch.Tensor) -> torch.Tensor:
 
 
 def entropy_temperature(params: EntropyTemperature) -> Processor:
-    """ARsample's dynamic temperature (design notes NEW_METHODS.md section 2.3, released Lumina-mGPT code):
+    """ARsample's dynamic temperature (docs/ALGORITHMS.md "The target q", released Lumina-mGPT code):
     per row, ``H`` = entropy in nats of the softmax of the logits it receives (image columns after CFG, before
     top-k, as in the code), ``T = clamp(t0 exp(-H / alpha) + theta, lo, hi)``, then ``logits / T``.
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from csd.config import ConfigError, load_prompts, resolve_device
+from csd.config import ConfigError, build_drafter, load_prompts, resolve_device
 from csd.lockfile import FileLock, lock_holder
 from csd.prompts import Prompt
 from csd.records import (
@@ -59,8 +59,11 @@ def device_type(device: str) -> str:
 def fingerprint(cfg: DictConfig, prompts: list[Prompt]) -> dict[str, Any]:
     """Dotted key -> value of everything that determines the generated images (JSON-normalised)."""
     dataset = {k: v for k, v in OmegaConf.to_container(cfg.dataset, resolve=True).items() if k not in DATASET_EVAL_KEYS}
+    method = OmegaConf.to_container(cfg.method, resolve=True)
+    if "drafter" in cfg:  # the drafting settings under the method keys runs recorded them by before the drafter group
+        method.update({**IMPLICIT_METHOD_PARAMS, **build_drafter(cfg.drafter).params()})
     keys = {
-        **_flatten(OmegaConf.to_container(cfg.method, resolve=True), "method"),
+        **_flatten(method, "method"),
         **_flatten(OmegaConf.to_container(cfg.model, resolve=True), "model"),
         **_flatten(dataset, "dataset"),
         "dataset.prompt_count": len(prompts),

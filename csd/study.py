@@ -1,4 +1,4 @@
-"""The matched-compression study (issue #17, ``stage=study``; docs/EVALUATION.md#matched-compression-study).
+"""The matched-compression study (``stage=study``; docs/EVALUATION.md#matched-compression-study).
 
 One command runs it: AR and SJD runs, then per relaxed rule a knob calibration to step compressions
 ``target x SJD's`` (:func:`csd.report.matched.match_compression` on the first ``study.calibration_prompts``
@@ -29,9 +29,10 @@ from csd.config import (
     SCHEMA,
     ConfigError,
     build_adapter,
+    build_drafter,
     build_rule,
-    engine_args,
     load_prompts,
+    move_drafter_keys,
     resolve_device,
     validate,
 )
@@ -58,30 +59,32 @@ QUALITY = ("clip_score", "fid")
 
 
 def method_config(name: str, values: dict[str, Any]) -> DictConfig:
-    """``conf/method/<name>.yaml`` with ``values`` set: composed by the running Hydra app, else from ``conf/``."""
+    """``method=<name>`` as a run composes it: ``{method, drafter}`` (a method preset may choose its drafter), with
+    ``values`` set on the method; composed by the running Hydra app, else from ``conf/``."""
     if GlobalHydra.instance().is_initialized():
-        method = compose(config_name="config", overrides=[f"method={name}"]).method
+        cfg = compose(config_name="config", overrides=[f"method={name}"])
     else:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            method = compose(config_name="config", overrides=[f"method={name}"]).method
-    with open_dict(method):
+            cfg = compose(config_name="config", overrides=[f"method={name}"])
+    setup = OmegaConf.create({"method": cfg.method, "drafter": cfg.drafter})
+    with open_dict(setup):
         for key, value in values.items():
-            method[key] = value
-    return method
+            setup.method[key] = value
+    return setup
 
 
-def run_config(cfg: DictConfig, method: DictConfig, run_dir: Path) -> DictConfig:
-    """The study config as one run's: ``method`` replaced, ``run_dir`` set, both stages."""
+def run_config(cfg: DictConfig, setup: DictConfig, run_dir: Path) -> DictConfig:
+    """The study config as one run's: method and drafter replaced by ``setup``'s, ``run_dir`` set, both stages."""
     out = cfg.copy()
     with open_dict(out):
-        out.method = method
+        out.method, out.drafter = setup.method, setup.drafter
         out.run_dir = str(run_dir)
         out.stage = "all"
     return out
 
 
 def rule_method(spec: DictConfig, knob: float) -> DictConfig:
-    """The method of a study rule (``spec.method`` with ``spec.overrides``) at knob value ``knob``."""
+    """The method and drafter of a study rule (``spec.method`` with ``spec.overrides``) at knob value ``knob``."""
     return method_config(spec.method, {**OmegaConf.to_container(spec.overrides), spec.knob: knob})
 
 
@@ -100,7 +103,7 @@ def check_study(cfg: DictConfig) -> None:
         for extra in (spec.knob, *spec.overrides):
             if f"method.{extra}" not in SCHEMA:
                 raise ConfigError(f"{where}: {extra!r} is not a method key")
-        method = method_config(spec.method, {})
+        method = method_config(spec.method, {}).method
         if isinstance(knob_spec, ByTarget):
             knob_spec = knob_spec.pick(method._target_)
         if not isinstance(knob_spec, Float) or spec.knob not in build_rule(method).params():
@@ -149,14 +152,15 @@ class Calibrator:
         self.keys = [(p.prompt_id, s) for p in prompts for s in range(cfg.dataset.samples_per_prompt)]
         self._adapter = None
 
-    def compression(self, method: DictConfig) -> float:
+    def compression(self, setup: DictConfig) -> float:
         """Mean per-image step compression (tokens / NFE), the definition of ``metrics.json``'s ``step_compression``."""
         from csd.engine import JacobiEngine, Request
 
         if self._adapter is None:
             self._adapter = build_adapter(self.cfg.model, resolve_device(self.cfg.device), self.cfg.engine)
-        engine = JacobiEngine(self._adapter, build_rule(method), **engine_args(method), pad_window=self.cfg.engine.compile,
-                              batch_size=self.cfg.engine.batch_size)
+        move_drafter_keys(setup)
+        engine = JacobiEngine(self._adapter, build_rule(setup.method), build_drafter(setup.drafter),
+                              batch_size=self.cfg.engine.batch_size, pad_window=self.cfg.engine.compile)
         gens = [gen for _, gen in engine.generate_many(Request(text, seed) for text, seed in self.requests)]
         return float(np.mean([g.step_compression for g in gens]))
 

@@ -14,7 +14,7 @@ rule: child ``k`` of a node is judged with the rule against the running target `
 ``q`` for ``k = 0``, else the rule's residual after child ``k - 1``) and its recorded law with the
 tokens of the earlier children removed; the first child that passes is taken. With SJD's rule this is
 RRS without replacement (Jeon et al.), exactly lossless when the candidates of a depth are drawn one
-after the other, each from its recorded law with the earlier ones removed (NEW_METHODS.md 1.5).
+after the other, each from its recorded law with the earlier ones removed (docs/ALGORITHMS.md "SJD-PAC: tree windows").
 """
 
 from __future__ import annotations
@@ -38,20 +38,15 @@ def tree_nodes(width: int, depth: int) -> int:
 
 
 def tree_problem(window: int, width: int, depth: int, coupling: str, parity: bool) -> str | None:
-    """Why ``method.*`` tree settings cannot run (one line), or None."""
-    if width < 1 or depth < 1:
-        return f"method.tree_width={width} and method.tree_depth={depth} must be >= 1"
-    if parity and width == 1:
-        return "method.pac_code_parity=true needs tree windows: method.tree_width >= 2"
-    if width == 1:
-        return None
-    if depth < 2:
-        return f"method.tree_width={width} branches at depths 1 .. tree_depth-1: it needs method.tree_depth >= 2, got {depth}"
+    """Why tree settings (``drafter=pac_tree``) cannot run (one line), or None."""
+    if width < 2 or depth < 2:
+        return (f"drafter.width={width} and drafter.depth={depth} must be >= 2 (a tree branches at depths 1 .. depth-1; "
+                "for chain windows use drafter=chain)")
     if window < tree_nodes(width, depth):
-        return (f"method.window={window} cannot hold the tree of method.tree_width={width}, method.tree_depth={depth} "
+        return (f"drafter.window={window} cannot hold the tree of drafter.width={width}, drafter.depth={depth} "
                 f"({tree_nodes(width, depth)} nodes, (K^D - 1)/(K - 1)); raise the window or shrink the tree")
     if parity and coupling != "maximal":
-        return f"method.pac_code_parity=true reproduces the released code's refresh, which is maximal coupling: got method.coupling={coupling!r}"
+        return f"drafter.code_parity=true reproduces the released code's refresh, which is maximal coupling: got drafter.coupling={coupling!r}"
     return None
 
 
@@ -135,7 +130,7 @@ class Tree:
 
     def path(self, accepted: Sequence[bool], deepest: bool = False) -> list[int]:
         """The accepted path from the root. RRS order: at each node the first accepted child. ``deepest`` (the
-        released code's row choice, NEW_METHODS.md 1.3): the deepest node whose path is all accepted, the
+        released code's row choice, docs/ALGORITHMS.md "SJD-PAC: tree windows"): the deepest node whose path is all accepted, the
         lexicographically first branch tuple on ties, whatever the sibling order."""
         if not deepest:
             path = [0]
@@ -155,7 +150,7 @@ class Tree:
 
     def continuation(self, last: int) -> list[int]:
         """Nodes at depths ``depth(last), depth(last) + 1, ...`` that continue the committed path for the refresh:
-        first children (branch 0) while there are any, then the spine (the released code's rows, NEW_METHODS.md 1.4)."""
+        first children (branch 0) while there are any, then the spine (the released code's rows)."""
         seq = [last]
         while True:
             node, below = seq[-1], self.depth(seq[-1]) + 1
@@ -198,7 +193,7 @@ def verify_tree(
     forced: torch.Tensor,
     uniforms: torch.Tensor,
 ) -> TreeVerdict:
-    """Recursive rejection sampling over every internal node at once (NEW_METHODS.md 1.5).
+    """Recursive rejection sampling over every internal node at once (docs/ALGORITHMS.md "SJD-PAC: tree windows").
 
     ``grid``: :meth:`Tree.grid` as device tensors. Per node ``[N]`` / ``[N, V]``: ``target_probs`` (the node's
     ``q``, which predicts its children), ``tokens`` and ``draft_probs`` (the candidate and its recorded law),

@@ -45,6 +45,7 @@ from csd.acceptance import CSD, SJD, AcceptanceRule, entropy
 from csd.adapters.base import SamplingConfig
 from csd.adapters.janus import JanusAdapter, load_janus_adapter, tiny_janus_adapter
 from csd.config import CONF_DIR, resolve_device
+from csd.drafters import ChainDrafter
 from csd.engine import JacobiEngine, synchronize
 from csd.hub import load_local_first
 from csd.verify import verify_window
@@ -217,7 +218,7 @@ def engine_times(
     adapter: JanusAdapter, rule: AcceptanceRule, window: int, prompt: str, images: int, warmup: int, pad: bool
 ) -> dict[str, Any]:
     """Full-image decoding with the engine: latency, iterations (NFE) and time per iteration."""
-    engine = JacobiEngine(adapter, rule, window=window, pad_window=pad)
+    engine = JacobiEngine(adapter, rule, ChainDrafter(window=window), pad_window=pad)
     for seed in range(warmup):
         engine.generate(prompt, seed=10_000 + seed)
     gens = [engine.generate(prompt, seed=seed) for seed in range(images)]

@@ -1,4 +1,4 @@
-"""Throughput benchmark of batched decoding (issue #14): images/s and per-image NFE per (method, batch size B).
+"""Throughput benchmark of batched decoding: images/s and per-image NFE per (method, batch size B).
 
 For every method (AR, SJD, CSD) and B, ``JacobiEngine(batch_size=B).generate_many`` decodes
 ``max(--images, --rounds * B)`` images (continuous refill: a finished row takes the next image) after
@@ -40,6 +40,7 @@ from csd.acceptance import CSD, SJD, AcceptanceRule
 from csd.adapters.base import ModelAdapter, SamplingConfig
 from csd.adapters.janus import JanusAdapter
 from csd.config import CONF_DIR, build_adapter, resolve_device
+from csd.drafters import ChainDrafter
 from csd.engine import JacobiEngine, Request, synchronize
 from csd.toy.domain import toy_prompts
 from experiments.bench_latency import (
@@ -103,7 +104,7 @@ def bench_method(
     out: dict[int, dict[str, Any]] = {}
     reference: dict[int, Any] = {}
     for batch in args.batch_sizes:
-        engine = JacobiEngine(adapter, rule, window=window, batch_size=batch)
+        engine = JacobiEngine(adapter, rule, ChainDrafter(window=window), batch_size=batch)
         decode_pass(engine, make_requests(captions, args.warmup, seed0=10_000), adapter.device)
         n = max(args.images, args.rounds * batch)
         results, seconds, steady = decode_pass(engine, make_requests(captions, n), adapter.device)

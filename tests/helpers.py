@@ -201,7 +201,8 @@ def decode_counts(engine: JacobiEngine) -> Iterator[DecodeCounts]:
     """Count, while ``engine`` decodes inside the block, the rejections, rollbacks and uneven advances of its
     iterations (:class:`DecodeCounts`). Wraps the engine's per-iteration steps; changes no token."""
     counts = DecodeCounts()
-    steps = {name: getattr(engine, name) for name in ("_iteration", "_window", "_tree_window", "_advance", "_finish")}
+    steps = {name: getattr(engine, name) for name in ("_iteration", "_advance", "_finish")}
+    drafter_window = engine.drafter._window
     # per image in flight, in slot order: window rows (tree: nodes), drafts carried from the previous iteration,
     # committed tokens; a tree window also records whether its path ended in a rejection
     rows: list[int] = []
@@ -227,17 +228,15 @@ def decode_counts(engine: JacobiEngine) -> Iterator[DecodeCounts]:
             counts.uneven_windows += len(set(rows)) > 1
         return done
 
-    def window(image):
-        w = steps["_window"](image)
-        rows.append(w.rows)
-        carried.append(min(image.carried.numel(), w.rows - 1))
-        return w
-
-    def tree_window(image):
-        w = steps["_tree_window"](image)
-        rows.append(w.tree.size)
-        carried.append(min(image.carried.numel(), w.tree.spine - 1))
-        trees.append((w, False))
+    def window(slot):
+        w = drafter_window(slot)
+        if hasattr(w, "tree"):  # a tree window (drafter=pac_tree)
+            rows.append(w.tree.size)
+            carried.append(min(slot.draft.carried.numel(), w.tree.spine - 1))
+            trees.append((w, False))
+        else:
+            rows.append(w.rows)
+            carried.append(min(slot.draft.carried.numel(), w.rows - 1))
         return w
 
     def advance(image, tokens, *args, **kwargs):
@@ -265,13 +264,15 @@ def decode_counts(engine: JacobiEngine) -> Iterator[DecodeCounts]:
                         counts.sibling_rejections += not accepted[kid]
         return kept
 
-    wrappers = dict(_iteration=iteration, _window=window, _tree_window=tree_window, _advance=advance, _finish=finish)
+    wrappers = dict(_iteration=iteration, _advance=advance, _finish=finish)
     for name, wrapper in wrappers.items():
         setattr(engine, name, wrapper)
+    engine.drafter._window = window
     Tree.path = path
     try:
         yield counts
     finally:
         Tree.path = tree_path
+        del engine.drafter._window
         for name in wrappers:
             delattr(engine, name)

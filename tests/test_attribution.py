@@ -1,4 +1,4 @@
-"""Region attribution of relaxed acceptances (csd.evaluation.attribution, issue #17)."""
+"""Region attribution of relaxed acceptances (csd.evaluation.attribution)."""
 
 from __future__ import annotations
 

@@ -22,6 +22,7 @@ import torch
 from baselines.gsd import GSD
 from csd.acceptance import CSD, SJD
 from csd.adapters.base import ModelAdapter
+from csd.drafters import ChainDrafter
 from csd.engine import JacobiEngine, Request
 from tests.helpers import (
     DecodeCounts,
@@ -50,7 +51,7 @@ def requests(n: int, offset: int = 0) -> list[Request]:
 
 def decode(adapter, batch_size: int, reqs: list[Request], **engine_args) -> tuple[dict[int, tuple], DecodeCounts]:
     """key -> (tokens, nfe, stats, commit_iter, commit_kind) of every request, and what the run exercised."""
-    engine = JacobiEngine(adapter, engine_args.pop("rule", SJD()), batch_size=batch_size, **engine_args)
+    engine = JacobiEngine(adapter, engine_args.pop("rule", SJD()), ChainDrafter(**engine_args), batch_size=batch_size)
     out = {}
     with decode_counts(engine) as counts:
         for req, gen in engine.generate_many(reqs):
@@ -99,9 +100,9 @@ def test_batched_tokens_equal_batch_one(janus, case):
 
 
 def test_generate_is_a_batch_of_one(janus):
-    engine = JacobiEngine(janus, SJD(), window=5, batch_size=4)
+    engine = JacobiEngine(janus, SJD(), ChainDrafter(window=5), batch_size=4)
     gen = engine.generate(PROMPTS[1], seed=3)
-    alone = JacobiEngine(janus, SJD(), window=5).generate(PROMPTS[1], seed=3)
+    alone = JacobiEngine(janus, SJD(), ChainDrafter(window=5)).generate(PROMPTS[1], seed=3)
     assert gen.tokens.tolist() == alone.tokens.tolist() and gen.nfe == alone.nfe
     assert gen.batched and gen.decode_s is None and gen.prefill_s is None
     assert not alone.batched and alone.decode_s > 0
@@ -109,7 +110,7 @@ def test_generate_is_a_batch_of_one(janus):
 
 def test_refill_keeps_every_slot_busy(janus):
     """5 images through 2 slots: finished rows are refilled, the last partly empty batch finishes."""
-    engine = JacobiEngine(janus, SJD(), window=5, batch_size=2)
+    engine = JacobiEngine(janus, SJD(), ChainDrafter(window=5), batch_size=2)
     with active_slots_per_forward(janus) as calls:
         done = [req.key for req, _ in engine.generate_many(requests(5))]
     assert sorted(done) == list(range(5))
@@ -120,7 +121,7 @@ def test_refill_keeps_every_slot_busy(janus):
 def test_fewer_images_than_slots(janus):
     reqs = requests(2)
     assert decode(janus, 8, reqs, window=5)[0] == decode(janus, 1, reqs, window=5)[0]
-    assert list(JacobiEngine(janus, SJD(), batch_size=4).generate_many([])) == []
+    assert list(JacobiEngine(janus, SJD(), ChainDrafter(), batch_size=4).generate_many([])) == []
 
 
 def test_batched_sjd_is_lossless_with_mixed_prompts():
@@ -128,7 +129,7 @@ def test_batched_sjd_is_lossless_with_mixed_prompts():
     adapter = rejecting_janus(grid=2, codebook=3, head_scale=12.0, guidance_scale=2.0, seed=1)
     prompts = ["a cat", "a much longer prompt about a dog"]
     exact = {p: exact_sequence_distribution(adapter, p) for p in prompts}
-    engine = JacobiEngine(adapter, SJD(), window=3, batch_size=8)
+    engine = JacobiEngine(adapter, SJD(), ChainDrafter(window=3), batch_size=8)
     reqs = [Request(prompts[i % 2], seed=50_000 + i, key=prompts[i % 2]) for i in range(3000)]
     counts = {p: Counter() for p in prompts}
     with decode_counts(engine) as exercised:
@@ -143,7 +144,7 @@ def test_batched_sjd_is_lossless_with_mixed_prompts():
 
 def test_one_host_sync_per_batched_iteration(janus, monkeypatch):
     """One read of the committed counts per iteration for the whole batch, plus one per finished image."""
-    engine = JacobiEngine(janus, CSD(lam=0.5, delta=0.9), window=5, batch_size=4)
+    engine = JacobiEngine(janus, CSD(lam=0.5, delta=0.9), ChainDrafter(window=5), batch_size=4)
     reads, expected = host_reads_per_batched_run(engine, requests(4), monkeypatch)
     assert reads == expected
 
@@ -226,7 +227,7 @@ def test_padded_cfg_one_forward_per_iteration(model):
                                               with_kwargs=True)
     try:
         with active_slots_per_forward(adapter) as iterations:
-            nfe = [gen.nfe for _, gen in JacobiEngine(adapter, SJD(), window=4, batch_size=3).generate_many(requests(6))]
+            nfe = [gen.nfe for _, gen in JacobiEngine(adapter, SJD(), ChainDrafter(window=4), batch_size=3).generate_many(requests(6))]
     finally:
         hook.remove()
     assert len(rows) == len(iterations) + 6

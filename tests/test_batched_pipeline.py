@@ -1,4 +1,4 @@
-"""The batched generate stage (issue #14): same images as batch 1, refill, null latencies + probe, resume after a kill."""
+"""The batched generate stage: same images as batch 1, refill, null latencies + probe, resume after a kill."""
 
 from __future__ import annotations
 
@@ -68,9 +68,9 @@ def test_batched_run_refills_and_matches_batch_1_with_a_latency_probe(tmp_path, 
     def spy(adapter, name: str, arg: int | None) -> None:
         method = getattr(adapter, name)
 
-        def wrapper(*args):
+        def wrapper(*args, **kwargs):
             calls.append((name, -1 if arg is None else args[arg]))
-            return method(*args)
+            return method(*args, **kwargs)
 
         monkeypatch.setattr(adapter, name, wrapper)
 

@@ -1,4 +1,4 @@
-"""``method.code_parity`` for GSD and LANTERN (issue #18 item 6; docs/ALGORITHMS.md "GSD", "LANTERN").
+"""``method.code_parity`` for GSD and LANTERN (docs/ALGORITHMS.md "GSD", "LANTERN").
 
 Hand-built cases where the released code and the papers' definitions differ, and a plain transcription of
 each released rule (from its description in the design notes) compared with the parity rule on random
@@ -14,6 +14,7 @@ from baselines.gsd import GSD
 from baselines.lantern import Lantern
 from csd.acceptance import entropy, lossless_residual
 from csd.config import ConfigError, build_rule, method_params, validate
+from csd.drafters import ChainDrafter
 from csd.engine import JacobiEngine
 from tests.helpers import count_host_reads, rejecting_janus
 from tests.test_config import make_cfg
@@ -201,10 +202,10 @@ def test_code_parity_flows_from_the_config_and_is_recorded():
         validate(cfg)
         rule = build_rule(cfg.method)
         assert isinstance(rule, cls) and rule.code_parity
-        assert method_params(cfg.method)["code_parity"] is True
+        assert method_params(cfg)["code_parity"] is True
         default = make_cfg(f"method={method}")
         assert not build_rule(default.method).code_parity
-        assert "code_parity" not in method_params(default.method)  # runs made before the option stay comparable
+        assert "code_parity" not in method_params(default)  # runs made before the option stay comparable
     with pytest.raises(ConfigError, match="method.code_parity='yes' must be true or false"):
         validate(make_cfg("method=gsd", "method.code_parity=yes"))
 
@@ -212,7 +213,7 @@ def test_code_parity_flows_from_the_config_and_is_recorded():
 @pytest.mark.parametrize("rule", [GSD(code_parity=True), Lantern(k=8, delta=0.2, code_parity=True)], ids=lambda r: r.name)
 def test_parity_rules_run_in_the_engine_with_one_host_sync_per_iteration(rule, monkeypatch):
     adapter = rejecting_janus()  # 16 codes: windows end in rejections and roll back
-    engine = JacobiEngine(adapter, rule, window=5)
+    engine = JacobiEngine(adapter, rule, ChainDrafter(window=5))
     calls = count_host_reads(monkeypatch)
     gen = engine.generate("two red circles", seed=0)
     monkeypatch.undo()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -12,7 +13,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import open_dict
 
-from csd.config import CONF_DIR, ConfigError, build_rule, choices, validate
+from csd.config import CONF_DIR, ConfigError, build_drafter, build_rule, choices, method_params, validate
 from csd.pipeline import generate_run
 from csd.records import RECORDS_FILE, load_records
 
@@ -47,9 +48,31 @@ def test_paper_variants_override_their_base_method():
     gsd = make_cfg("method=gsd_g25").method
     assert build_rule(gsd).params()["group_size"] == 25 and gsd._target_ == make_cfg("method=gsd").method._target_
     assert build_rule(make_cfg("method=amplify_k4").method).params() == {"k": 4.0}
-    mcsjd = make_cfg("method=mcsjd").method
-    assert (mcsjd.window, mcsjd.coupling, mcsjd.name) == (64, "maximal", "mcsjd")
-    assert make_cfg("method=sjd_l32").method.window == 32
+    mcsjd = make_cfg("method=mcsjd")
+    assert (mcsjd.drafter.window, mcsjd.drafter.coupling, mcsjd.method.name) == (64, "maximal", "mcsjd")
+    assert make_cfg("method=sjd_l32").drafter.window == 32
+    pac = make_cfg("method=csd_pac")
+    assert (pac.drafter.name, pac.drafter.width, pac.method._target_) == ("pac_tree", 4, "csd.acceptance.CSD")
+    assert make_cfg("method=csd_pac", "drafter=chain").drafter.name == "chain"  # the command line chooses last
+
+
+def test_deprecated_method_drafting_keys_move_to_the_drafter_with_one_warning(caplog):
+    """``method.window`` & co. keep working for one release: they set the drafter's keys (a tree width switches to
+    ``drafter=pac_tree`` with the chain's other settings, as the method keys decoded before the drafter group)."""
+    with caplog.at_level(logging.WARNING, logger="csd.config"):
+        cfg = make_cfg("method=mcsjd", "method.window=32")
+        validate(cfg)
+    assert (cfg.drafter.window, cfg.drafter.coupling, cfg.method.window) == (32, "maximal", None)
+    assert any("method.window deprecated" in r.getMessage() and "drafter.window" in r.getMessage() for r in caplog.records)
+    tree = make_cfg("method=sjd", "method.window=21", "method.tree_width=4", "method.tree_depth=3")
+    validate(tree)
+    assert (tree.drafter.name, tree.drafter.width, tree.drafter.depth, tree.drafter.coupling) == ("pac_tree", 4, 3, "none")
+    assert method_params(tree) == {"window": 21, "init": "random", "coupling": "none", "draft_record": "onehot",
+                                   "tree_width": 4, "tree_depth": 3, "pac_code_parity": False}
+    chain = make_cfg("method=sjd_pac", "method.tree_width=1")
+    validate(chain)
+    assert chain.drafter.name == "chain" and build_drafter(chain.drafter).params() == {
+        "window": 64, "init": "random", "coupling": "maximal", "draft_record": "uniform"}
 
 
 @pytest.mark.parametrize(
@@ -58,11 +81,12 @@ def test_paper_variants_override_their_base_method():
         (["method.lam=-0.1"], "method.lam=-0.1 must be >= 0"),
         (["method.delta=1.5"], r"method.delta=1.5 must be in \[0, 1\]"),
         (["method.window=0"], "method.window=0"),
-        (["method=ar", "method.window=4"], "method=ar needs method.window=1"),
+        (["drafter.window=0"], "drafter.window=0 must be an integer >= 1"),
+        (["method=ar", "drafter.window=4"], "method=ar needs drafter.window=1"),
         (["method.init=zeros"], "random"),
         (["method.coupling=gumble"], "gumbel"),
         (["method.draft_record=gauss"], "onehot"),
-        (["method.draft_record=uniform", "method.init=repeat_left"], "needs method.init=random"),
+        (["drafter.draft_record=uniform", "drafter.init=repeat_left"], "records the law of init='random' drafts"),
         (["model.top_k=0"], "model.top_k=0 must be an integer >= 1"),
         (["model.guidance_scale=0"], "guidance_scale=0 must be > 0"),
         (["model.temperature=-1"], "temperature=-1"),

@@ -13,6 +13,7 @@ import torch
 from baselines.relaxed import Amplify
 from csd.acceptance import CSD, SJD
 from csd.adapters.emu3 import Emu3Adapter, tiny_emu3_adapter
+from csd.drafters import ChainDrafter
 from csd.engine import JacobiEngine
 from tests.helpers import decode_counts, random_body, rejecting_emu3
 
@@ -56,7 +57,7 @@ def test_layout_and_prompt():
 
 def test_greedy_engine_equals_reference_loop():
     a = tiny_emu3_adapter(grid=(2, 3), head_scale=3.0, top_k=1)
-    out = JacobiEngine(a, SJD(), window=1).generate(PROMPT, seed=0)
+    out = JacobiEngine(a, SJD(), ChainDrafter(window=1)).generate(PROMPT, seed=0)
     assert torch.equal(out.tokens, reference_greedy(a))
 
 
@@ -92,7 +93,7 @@ def test_batched_cfg_equals_separate_passes(negative):
 def test_forced_tokens_land_in_place_and_image_decodes(rule):
     a = rejecting_emu3(grid=(3, 4), jacobi_tail=2)
     forced = a.layout.forced_ids
-    engine = JacobiEngine(a, rule, window=5)
+    engine = JacobiEngine(a, rule, ChainDrafter(window=5))
     with decode_counts(engine) as exercised:
         for seed in range(3):
             out = engine.generate(PROMPT, seed=seed)

@@ -14,6 +14,7 @@ from baselines.lantern import Lantern
 from baselines.relaxed import Addition, Amplify
 from csd.acceptance import CSD, SJD
 from csd.adapters.janus import TINY_BOI, TINY_BOS, TINY_PAD, tiny_byte_encoder
+from csd.drafters import ChainDrafter
 from csd.engine import JacobiEngine
 from csd.records import COMMIT_ACCEPTED, COMMIT_RELAXED, COMMIT_SAMPLED
 from tests.helpers import count_host_reads, decode_counts, rejecting_janus
@@ -49,7 +50,7 @@ def test_rollback_is_exact(adapter):
 
 def test_greedy_ar_equals_hf_generate():
     adapter = rejecting_janus(top_k=1)
-    ours = JacobiEngine(adapter, SJD(), window=1).generate(PROMPT, seed=0).tokens
+    ours = JacobiEngine(adapter, SJD(), ChainDrafter(window=1)).generate(PROMPT, seed=0).tokens
     model = adapter.model
     model.generation_config.pad_token_id = TINY_PAD
     model.generation_config.bos_token_id = TINY_BOS
@@ -60,17 +61,17 @@ def test_greedy_ar_equals_hf_generate():
     )
     assert ours.tolist() == ref[0].tolist()
     # greedy speculative decoding commits exactly the greedy AR sequence
-    assert JacobiEngine(adapter, SJD(), window=6).generate(PROMPT, seed=5).tokens.tolist() == ours.tolist()
+    assert JacobiEngine(adapter, SJD(), ChainDrafter(window=6)).generate(PROMPT, seed=5).tokens.tolist() == ours.tolist()
 
 
 @pytest.mark.parametrize("csd", [CSD(lam=0.0, delta=0.9), CSD(lam=2.0, delta=0.0)])
 @pytest.mark.parametrize("init", ["random", "repeat_left"])
 def test_csd_degenerates_to_sjd_token_for_token(adapter, csd, init):
-    sjd = JacobiEngine(adapter, SJD(), window=5, init=init)
+    sjd = JacobiEngine(adapter, SJD(), ChainDrafter(window=5, init=init))
     with decode_counts(sjd) as exercised:
         for seed in range(4):
             ref = sjd.generate(PROMPT, seed=seed)
-            got = JacobiEngine(adapter, csd, window=5, init=init).generate(PROMPT, seed=seed)
+            got = JacobiEngine(adapter, csd, ChainDrafter(window=5, init=init)).generate(PROMPT, seed=seed)
             assert got.tokens.tolist() == ref.tokens.tolist()
             assert got.nfe == ref.nfe and got.stats["relaxed_accepts"] == 0
     # measured: random 25 rejections (15 carried), repeat_left 18 (10)
@@ -78,7 +79,7 @@ def test_csd_degenerates_to_sjd_token_for_token(adapter, csd, init):
 
 
 def test_relaxed_csd_relaxes_and_records_it(adapter):
-    gens = [JacobiEngine(adapter, CSD(lam=1.0, delta=1.0), window=6).generate(PROMPT, seed=s) for s in range(6)]
+    gens = [JacobiEngine(adapter, CSD(lam=1.0, delta=1.0), ChainDrafter(window=6)).generate(PROMPT, seed=s) for s in range(6)]
     relaxed = sum(g.stats["relaxed_accepts"] for g in gens)
     assert relaxed > 0
     assert relaxed == sum(int((g.commit_kind == COMMIT_RELAXED).sum()) for g in gens)
@@ -89,7 +90,7 @@ def test_relaxed_csd_relaxes_and_records_it(adapter):
     "rule", [SJD(), CSD(), Addition(c=0.1), Amplify(k=3.0), GSD(), Lantern(k=8, delta=0.2)], ids=lambda r: r.name
 )
 def test_every_rule_generates_a_consistent_record(adapter, rule):
-    gen = JacobiEngine(adapter, rule, window=5).generate(PROMPT, seed=1)
+    gen = JacobiEngine(adapter, rule, ChainDrafter(window=5)).generate(PROMPT, seed=1)
     length = adapter.layout.length
     assert gen.tokens.shape == (length,) and int(gen.tokens.max()) < 16
     assert gen.nfe == int(gen.commit_iter.max()) + 1
@@ -103,16 +104,16 @@ def test_every_rule_generates_a_consistent_record(adapter, rule):
 
 
 def test_ar_is_window_one(adapter):
-    gen = JacobiEngine(adapter, SJD(), window=1).generate(PROMPT, seed=0)
+    gen = JacobiEngine(adapter, SJD(), ChainDrafter(window=1)).generate(PROMPT, seed=0)
     assert gen.nfe == adapter.layout.length and gen.stats["drafts_proposed"] == 0
 
 
 def test_padded_window_gives_identical_tokens(adapter):
     """The compiled path's fixed-shape windows (drafts padded to L) change nothing but the shapes."""
-    engine = JacobiEngine(adapter, SJD(), window=6, pad_window=True)
+    engine = JacobiEngine(adapter, SJD(), ChainDrafter(window=6), pad_window=True)
     with decode_counts(engine) as exercised:
         for seed in range(3):
-            ref = JacobiEngine(adapter, SJD(), window=6).generate(PROMPT, seed=seed)
+            ref = JacobiEngine(adapter, SJD(), ChainDrafter(window=6)).generate(PROMPT, seed=seed)
             padded = engine.generate(PROMPT, seed=seed)
             assert padded.tokens.tolist() == ref.tokens.tolist()
     # measured: 19 rollbacks (12 of a carried draft), the longest 5 (the whole window's drafts)
@@ -121,11 +122,11 @@ def test_padded_window_gives_identical_tokens(adapter):
 
 def test_engine_rejects_bad_settings(adapter):
     with pytest.raises(ValueError, match="window"):
-        JacobiEngine(adapter, SJD(), window=0)
+        JacobiEngine(adapter, SJD(), ChainDrafter(window=0))
     with pytest.raises(ValueError, match="init"):
-        JacobiEngine(adapter, SJD(), init="zeros")
+        JacobiEngine(adapter, SJD(), ChainDrafter(init="zeros"))
     with pytest.raises(ValueError, match="coupling"):
-        JacobiEngine(adapter, SJD(), coupling="gumble")
+        JacobiEngine(adapter, SJD(), ChainDrafter(coupling="gumble"))
 
 
 @pytest.mark.parametrize(
@@ -134,7 +135,7 @@ def test_engine_rejects_bad_settings(adapter):
 def test_one_host_sync_per_iteration(adapter, rule, monkeypatch):
     """Reading a device value on the host (``item``, ``int``, ``bool``, ``tolist``, ...) happens once per
     iteration (the number of committed tokens), plus one read of the counters after the loop."""
-    engine = JacobiEngine(adapter, rule, window=5)
+    engine = JacobiEngine(adapter, rule, ChainDrafter(window=5))
     calls = count_host_reads(monkeypatch)
     gen = engine.generate(PROMPT, seed=0)
     monkeypatch.undo()

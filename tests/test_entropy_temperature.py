@@ -1,4 +1,4 @@
-"""ARsample's dynamic temperature as a target processor (issue #18 item 3; docs/ALGORITHMS.md "The target q").
+"""ARsample's dynamic temperature as a target processor (docs/ALGORITHMS.md "The target q").
 
 ``model.entropy_temperature`` divides each row's logits by ``T = clamp(t0 exp(-H/alpha) + theta, lo, hi)``,
 ``H`` the entropy of that row's softmax after CFG and before top-k (the released Lumina-mGPT code). It is
@@ -17,6 +17,7 @@ from csd.acceptance import SJD
 from csd.adapters.base import EntropyTemperature, SamplingConfig
 from csd.adapters.janus import tiny_janus_adapter
 from csd.config import ConfigError, build_adapter, validate
+from csd.drafters import ChainDrafter
 from csd.engine import JacobiEngine
 from csd.processors import TargetPipeline
 from tests.helpers import chi_square_pvalue, exact_sequence_distribution
@@ -83,7 +84,7 @@ def test_sjd_is_exact_for_the_tempered_target():
     tempered = exact_sequence_distribution(adapter, PROMPT)
     plain = exact_sequence_distribution(tiny_janus_adapter(grid=2, codebook=3, head_scale=20.0, guidance_scale=2.0, seed=1), PROMPT)
     assert 0.5 * sum(abs(tempered[k] - plain[k]) for k in plain) > 0.1
-    engine = JacobiEngine(adapter, SJD(), window=4)
+    engine = JacobiEngine(adapter, SJD(), ChainDrafter(window=4))
     counts = Counter(tuple(engine.generate(PROMPT, seed=50_000 + s).tokens.tolist()) for s in range(N_SAMPLES))
     assert chi_square_pvalue(counts, tempered) > 1e-3
     assert chi_square_pvalue(counts, plain) < 1e-6

@@ -18,6 +18,7 @@ import torch
 from transformers import DynamicCache, StaticCache
 
 from csd.acceptance import CSD, SJD
+from csd.drafters import ChainDrafter
 from csd.engine import JacobiEngine, Request
 from csd.fast import StaticDecoder, check_transformers_version, rollback_static_cache
 from experiments import bench_latency
@@ -39,7 +40,7 @@ def adapters():
 
 
 def decode(adapter, rule, window: int, pad: bool, prompt: str, seed: int):
-    return JacobiEngine(adapter, rule, window=window, pad_window=pad).generate(prompt, seed=seed)
+    return JacobiEngine(adapter, rule, ChainDrafter(window=window), pad_window=pad).generate(prompt, seed=seed)
 
 
 @pytest.mark.parametrize(("rule", "window"), [(SJD(), 1), (SJD(), 4), (CSD(lam=0.5, delta=0.9), 4)])
@@ -170,7 +171,7 @@ BATCH_PROMPTS = ["a", "two red circles left of a blue square", "a cat", "a light
 def decode_many(adapter, batch_size: int, reqs: list[Request], pad: bool, rule, window: int = 5,
                 exercised: list | None = None) -> dict:
     """key -> (tokens, nfe, stats, commit_iter) of every request; ``exercised`` gets the run's ``DecodeCounts``."""
-    engine = JacobiEngine(adapter, rule, window=window, pad_window=pad, batch_size=batch_size)
+    engine = JacobiEngine(adapter, rule, ChainDrafter(window=window), pad_window=pad, batch_size=batch_size)
     with decode_counts(engine) as counts:
         out = {req.key: (gen.tokens.tolist(), gen.nfe, gen.stats, gen.commit_iter.tolist())
                for req, gen in engine.generate_many(reqs)}
@@ -216,7 +217,7 @@ def test_batched_compiled_engine_two_graphs_no_recompile_same_tokens():
 def test_batched_compiled_engine_one_host_sync_per_iteration(monkeypatch):
     """As ``tests/test_batched.py``: one read of the committed counts per iteration, plus one per image."""
     adapter = rejecting_janus(cache="static", compile=True, compile_backend="aot_eager")
-    engine = JacobiEngine(adapter, CSD(lam=0.5, delta=0.9), window=5, pad_window=True, batch_size=3)
+    engine = JacobiEngine(adapter, CSD(lam=0.5, delta=0.9), ChainDrafter(window=5), pad_window=True, batch_size=3)
     list(engine.generate_many(batch_requests(3)))  # compile outside the count
     reads, expected = host_reads_per_batched_run(engine, batch_requests(4, offset=50), monkeypatch)
     assert reads == expected

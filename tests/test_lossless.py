@@ -14,6 +14,7 @@ import torch
 
 from baselines.relaxed import Amplify
 from csd.acceptance import SJD, AcceptanceRule
+from csd.drafters import ChainDrafter
 from csd.engine import JacobiEngine
 from tests.helpers import chi_square_pvalue, decode_counts, exact_sequence_distribution, rejecting_janus
 
@@ -29,7 +30,7 @@ def setup():
 
 
 def sample_counts(adapter, rule: AcceptanceRule, window: int, init: str = "random", offset: int = 0, **engine_args) -> Counter:
-    engine = JacobiEngine(adapter, rule, window=window, init=init, **engine_args)
+    engine = JacobiEngine(adapter, rule, ChainDrafter(window=window, init=init, **engine_args))
     return Counter(tuple(engine.generate(PROMPT, seed=offset + s).tokens.tolist()) for s in range(N_SAMPLES))
 
 
@@ -61,7 +62,7 @@ def test_sjd_accepts_and_rejects_drafts(setup):
     """The lossless test is only meaningful if SJD actually accepts drafts (and so can go wrong), and rejects
     carried ones (whose targets moved with the committed prefix) and rolls windows back."""
     adapter, _ = setup
-    engine = JacobiEngine(adapter, SJD(), window=4)
+    engine = JacobiEngine(adapter, SJD(), ChainDrafter(window=4))
     with decode_counts(engine) as counts:
         gens = [engine.generate(PROMPT, seed=s) for s in range(50)]
     assert sum(g.stats["drafts_accepted"] for g in gens) > 20
@@ -78,7 +79,7 @@ def test_coupled_drafting_is_lossless(setup, coupling):
     """MC-SJD (old drafts maximally coupled with their new targets, recorded p = current q) and Gumbel
     sharing (one Exp(1) noise per body position for every sample of that position)."""
     adapter, probs = setup
-    engine = JacobiEngine(adapter, SJD(), window=4, coupling=coupling)
+    engine = JacobiEngine(adapter, SJD(), ChainDrafter(window=4, coupling=coupling))
     counts = Counter(tuple(engine.generate(PROMPT, seed=30_000 + s).tokens.tolist()) for s in range(N_SAMPLES))
     assert chi_square_pvalue(counts, probs) > 1e-3
 
@@ -91,7 +92,7 @@ def test_uniform_draft_record_is_lossless_and_accepts_more(setup):
     assert chi_square_pvalue(counts, probs) > 1e-3
     accepted = {}
     for record in ("onehot", "uniform"):
-        engine = JacobiEngine(adapter, SJD(), window=4, draft_record=record)
+        engine = JacobiEngine(adapter, SJD(), ChainDrafter(window=4, draft_record=record))
         accepted[record] = sum(engine.generate(PROMPT, seed=s).stats["drafts_accepted"] for s in range(1000))
     # measured: +20 % (1740 vs 1449 over 1000 images); fresh random drafts are a minority of all drafts
     assert accepted["uniform"] > 1.1 * accepted["onehot"], accepted

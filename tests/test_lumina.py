@@ -24,6 +24,7 @@ from csd.adapters.lumina import (
     load_lumina_adapter,
     tiny_lumina_adapter,
 )
+from csd.drafters import ChainDrafter
 from csd.engine import JacobiEngine
 from tests.helpers import DecodeCounts, decode_counts, random_body, rejecting_lumina
 
@@ -79,7 +80,7 @@ def test_layout_matches_lumina_format():
 
 def test_greedy_engine_equals_reference_loop():
     a = tiny_lumina_adapter(grid=(2, 3), head_scale=3.0, top_k=1, jacobi_tail=0)
-    out = JacobiEngine(a, SJD(), window=1).generate(PROMPT, seed=0)
+    out = JacobiEngine(a, SJD(), ChainDrafter(window=1)).generate(PROMPT, seed=0)
     assert torch.equal(out.tokens, reference_greedy(a))
     assert out.nfe == a.layout.length
 
@@ -127,7 +128,7 @@ def test_rollback_is_exact():
 def test_forced_tokens_land_in_place_and_image_decodes(rule):
     a = rejecting_lumina(grid=(3, 4), jacobi_tail=3)
     forced = a.layout.forced_ids
-    engine = JacobiEngine(a, rule, window=5)
+    engine = JacobiEngine(a, rule, ChainDrafter(window=5))
     with decode_counts(engine) as exercised:
         for seed in range(3):
             out = engine.generate(PROMPT, seed=seed)
@@ -159,7 +160,7 @@ def empirical_counts(a: LuminaAdapter, rule, combos, samples: int) -> tuple[np.n
     """How often each body was decoded, and what the run exercised."""
     index = {c: i for i, c in enumerate(combos)}
     free = a.layout.forced_ids < 0
-    engine = JacobiEngine(a, rule, window=4)
+    engine = JacobiEngine(a, rule, ChainDrafter(window=4))
     counts = np.zeros(len(combos))
     with decode_counts(engine) as exercised:
         for seed in range(samples):

@@ -1,4 +1,4 @@
-"""Entropy-informed SJD and COOL-SD (issue #18 items 3 and 4; NEW_METHODS.md sections 2.1, 2.4, 3.1).
+"""Entropy-informed SJD and COOL-SD (docs/ALGORITHMS.md "Entropy-aware SJD (`entropy_sjd`) and COOL-SD (`cool_sd`)").
 
 The one-step law at depth 0 is checked with every rule in ``test_acceptance.py``; here: the formulas,
 COOL-SD's schedule along the window (also through the engine's ``verify_window``), and that the residual

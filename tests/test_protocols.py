@@ -1,4 +1,4 @@
-"""Published evaluation protocols (issue #16): image steps against hand-computed or library-direct
+"""Published evaluation protocols: image steps against hand-computed or library-direct
 expectations, COCO caption rules on a synthetic annotation file, and the presets' settings in metrics.json."""
 
 from __future__ import annotations

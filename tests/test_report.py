@@ -123,7 +123,7 @@ def test_build_report_from_sweep(tmp_path: Path) -> None:
     assert "| method" in markdown and "nan" not in markdown  # AR has no lambda: an empty cell
     assert (runs["n_prompts"] == 4).all() and f"{SMALL_N} fewer than 20 prompts" in markdown  # 4 prompts: marked
     # the methods' defaults the labels leave out, beyond the engine-wide ones (csd's window 16 is one of those)
-    assert "the defaults (`conf/method/<method>.yaml`, beyond `conf/method_keys.yaml`): ar window=1; sjd; " \
+    assert "the defaults (`conf/method/<method>.yaml`, beyond `conf/drafter/chain.yaml`): ar window=1; sjd; " \
            "csd lam=0.1 delta=0.5 entropy_norm=none." in markdown
     for name in ("pareto_toy.png", "acceptance_heatmaps_toy.png", "acceptance_vs_entropy_toy.png"):
         assert (out / name).stat().st_size > 0

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from baselines.lantern import Lantern
 from csd.acceptance import SJD, Residual, lossless_residual
 from csd.adapters.janus import tiny_janus_adapter
+from csd.drafters import ChainDrafter, PacTreeDrafter
 from csd.engine import STAT_KEYS, JacobiEngine
 from csd.verify import WindowNoise, sample_race, verify_window
 from tests.helpers import chi_square_pvalue
@@ -128,7 +129,7 @@ def committed_with_q(engine: JacobiEngine, monkeypatch, seeds: range) -> tuple[i
         flagged.append(int(result.fallback[0]))
         return result, samples
 
-    monkeypatch.setattr("csd.engine.verify_window", checking_verify)
+    monkeypatch.setattr("csd.drafters.chain.verify_window", checking_verify)
     recorded = sum(engine.generate("two red circles", seed=s).stats["residual_fallbacks"] for s in seeds)
     monkeypatch.undo()
     return sum(zero_q), sum(flagged), recorded
@@ -139,11 +140,11 @@ def test_engine_counts_every_fallback_commit_and_paper_mode_commits_none_outside
     counted fallback draws (uniform, so most of them); paper mode never commits one."""
     assert "residual_fallbacks" in STAT_KEYS
     adapter = tiny_janus_adapter(grid=8, codebook=64, head_scale=20.0, top_k=4)
-    parity = JacobiEngine(adapter, Lantern(k=1000, delta=0.1, code_parity=True), window=8)
+    parity = JacobiEngine(adapter, Lantern(k=1000, delta=0.1, code_parity=True), ChainDrafter(window=8))
     zero_q, flagged, recorded = committed_with_q(parity, monkeypatch, range(10))
     assert flagged > 0 and recorded == flagged
     assert 0 < zero_q <= flagged
-    paper = JacobiEngine(adapter, Lantern(k=1000, delta=0.1, code_parity=False), window=8)
+    paper = JacobiEngine(adapter, Lantern(k=1000, delta=0.1, code_parity=False), ChainDrafter(window=8))
     zero_q, flagged, recorded = committed_with_q(paper, monkeypatch, range(10))
     assert zero_q == 0 and flagged == 0 and recorded == 0
 
@@ -154,7 +155,6 @@ def test_tree_windows_count_fallback_commits_too():
     adapter = tiny_janus_adapter(grid=4, codebook=16, head_scale=20.0, top_k=2)
     counts = {}
     for code_parity in (True, False):
-        engine = JacobiEngine(adapter, Lantern(k=15, delta=0.1, code_parity=code_parity), window=12, tree_width=3,
-                              tree_depth=2)
+        engine = JacobiEngine(adapter, Lantern(k=15, delta=0.1, code_parity=code_parity), PacTreeDrafter(window=12, coupling="none", draft_record="onehot", width=3, depth=2))
         counts[code_parity] = sum(engine.generate("two red circles", seed=s).stats["residual_fallbacks"] for s in range(6))
     assert counts[True] > 0 and counts[False] == 0

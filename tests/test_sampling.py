@@ -14,6 +14,7 @@ import torch
 
 from baselines.gsd import GSD
 from csd.acceptance import SJD, lossless_residual
+from csd.drafters import ChainDrafter
 from csd.engine import JacobiEngine
 from csd.processors import classifier_free_guidance
 from csd.verify import couple_drafts, exponential_noise, sample, sample_race, verify_window
@@ -90,7 +91,7 @@ def test_engine_commits_only_top_k_tokens(zero_uniforms, monkeypatch, coupling):
     """Whole decode loop, top-k 2 of 16 codes: every committed token has positive target probability, also the
     residual samples after rejected carried drafts (whose older target's top 2 moved)."""
     adapter = rejecting_janus(top_k=2)
-    engine = JacobiEngine(adapter, SJD(), window=4, coupling=coupling)
+    engine = JacobiEngine(adapter, SJD(), ChainDrafter(window=4, coupling=coupling))
     real_verify, checked = verify_window, []
 
     def checking_verify(rule, target_probs, *args, **kwargs):
@@ -99,7 +100,7 @@ def test_engine_commits_only_top_k_tokens(zero_uniforms, monkeypatch, coupling):
         checked.append(bool(in_support(target_probs[0, : committed.numel()], committed).all()))
         return result, samples
 
-    monkeypatch.setattr("csd.engine.verify_window", checking_verify)
+    monkeypatch.setattr("csd.drafters.chain.verify_window", checking_verify)
     with decode_counts(engine) as exercised:
         for seed in range(3):
             engine.generate("two red circles", seed=seed)

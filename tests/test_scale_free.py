@@ -1,4 +1,4 @@
-"""GSD's scale-free embedding threshold (``method.embed_threshold_quantile``, issue #17 item 3)."""
+"""GSD's scale-free embedding threshold (``method.embed_threshold_quantile``)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""SJD-PAC's tree windows (issue #18 item 2; NEW_METHODS.md 1.1-1.6, docs/ALGORITHMS.md "SJD-PAC: tree windows").
+"""SJD-PAC's tree windows (docs/ALGORITHMS.md "SJD-PAC: tree windows").
 
 Lossless: recursive rejection sampling commits exactly ``q`` (one step, 200 000 trees), and tree windows with
 RRS, Adaptive Continuation and Proactive Drafting give AR's law of a body prefix (chi-square against the
@@ -31,6 +31,7 @@ from csd.acceptance import CSD, SJD, entropy
 from csd.adapters.janus import tiny_janus_adapter
 from csd.adapters.toy import load_toy_adapter
 from csd.config import CONF_DIR, ConfigError, validate
+from csd.drafters import PacTreeDrafter
 from csd.engine import JacobiEngine
 from csd.pipeline import generate_run
 from csd.processors import TargetPipeline
@@ -76,7 +77,7 @@ def prefix_pvalue(models, codes: int | str, offset: int = 60_000, rule=None, lea
     at least ``least`` = (rejected sibling candidates, windows ending at a branching depth whose candidates were all
     rejected)."""
     adapter, prefix, probs = models[codes]
-    engine = JacobiEngine(adapter, rule or SJD(), **engine_args)
+    engine = JacobiEngine(adapter, rule or SJD(), PacTreeDrafter(**engine_args))
     with decode_counts(engine) as exercised:
         counts = Counter(tuple(engine.generate(PROMPT, seed=offset + s).tokens[:prefix].tolist()) for s in range(N_SAMPLES))
     assert exercised.sibling_rejections >= least[0] and exercised.rejected_branchings >= least[1], exercised
@@ -86,17 +87,17 @@ def prefix_pvalue(models, codes: int | str, offset: int = 60_000, rule=None, lea
 #: every case has K < V
 LOSSLESS = {
     # K = 2, D = 2, spine of 2: PD only (candidate 0 = the row sample), one-hot fresh drafts
-    "k2_d2_pd": (3, dict(window=3, tree_width=2, tree_depth=2)),
+    "k2_d2_pd": (3, dict(window=3, width=2, depth=2, coupling="none", draft_record="onehot")),
     # K = 2, D = 3 (the Cartesian tree below both depth-1 candidates), AC + PD (a mutation that keeps the old
     # draft instead of coupling it is detected here, p < 1e-6)
-    "k2_d3_pac": (3, dict(window=7, tree_width=2, tree_depth=3, coupling="maximal")),
+    "k2_d3_pac": (3, dict(window=7, width=2, depth=3, coupling="maximal", draft_record="onehot")),
     # K = 3, D = 3 over 5 codes, uniform records: SJD-PAC's configuration on a small window
-    "k3_d3_pac": (5, dict(window=13, tree_width=3, tree_depth=3, coupling="maximal", draft_record="uniform")),
+    "k3_d3_pac": (5, dict(window=13, width=3, depth=3, coupling="maximal", draft_record="uniform")),
     # K = 4 over 5 codes, top-k 3: a carried depth's siblings are drawn from q's 3 codes, so its 4th candidate
     # never exists (invalid siblings are never accepted); a fresh depth's 4 candidates can miss one of q's codes
-    "k4_d2_topk": ("5_top3", dict(window=5, tree_width=4, tree_depth=2, coupling="maximal")),
+    "k4_d2_topk": ("5_top3", dict(window=5, width=4, depth=2, coupling="maximal", draft_record="onehot")),
     # Gumbel sharing for candidate 0
-    "k2_d3_gumbel": (3, dict(window=7, tree_width=2, tree_depth=3, coupling="gumbel", draft_record="uniform")),
+    "k2_d3_gumbel": (3, dict(window=7, width=2, depth=3, coupling="gumbel", draft_record="uniform")),
 }
 
 
@@ -111,15 +112,15 @@ def test_tree_windows_are_lossless(models, case):
 def test_code_parity_is_detected(models):
     """Negative control: the released code's candidates (siblings from the residual ``(q - p)_+``, AC inside the tree
     from the all-siblings residual) and its longest-run row choice move the law away from AR's."""
-    args = dict(window=7, tree_width=2, tree_depth=3, coupling="maximal", pac_code_parity=True)
+    args = dict(window=7, width=2, depth=3, coupling="maximal", draft_record="onehot", code_parity=True)
     assert prefix_pvalue(models, 3, **args) < 1e-6
 
 
 def test_csd_on_trees_with_lam_zero_is_sjd(models):
     """CSD's relaxation enters the tree through the rule only: ``lam = 0`` gives SJD's tokens, ``lam > 0`` relaxes."""
     adapter = models[5][0]
-    args = dict(window=13, tree_width=3, tree_depth=3, coupling="maximal", draft_record="uniform")
-    sjd, csd0, csd = (JacobiEngine(adapter, rule, **args) for rule in (SJD(), CSD(lam=0.0), CSD(lam=2.0, delta=1.0)))
+    args = dict(window=13, width=3, depth=3, coupling="maximal", draft_record="uniform")
+    sjd, csd0, csd = (JacobiEngine(adapter, rule, PacTreeDrafter(**args)) for rule in (SJD(), CSD(lam=0.0), CSD(lam=2.0, delta=1.0)))
     relaxed = 0
     for seed in range(30):
         a, b, c = sjd.generate(PROMPT, seed), csd0.generate(PROMPT, seed), csd.generate(PROMPT, seed)
@@ -169,7 +170,7 @@ N_STARS = 200_000
 @pytest.mark.parametrize("width", [2, 3, 5])
 def test_rrs_without_replacement_is_exact(width):
     """Candidates drawn one after the other from ``p`` without the earlier ones (Proactive Drafting), all recorded
-    with ``p``: the committed token is distributed as ``q`` (RRS, NEW_METHODS.md 1.5)."""
+    with ``p``: the committed token is distributed as ``q`` (RRS)."""
     g = torch.Generator().manual_seed(width)
     q, p = random_law(g), random_law(g)
     vocab = q.numel()
@@ -268,7 +269,7 @@ def test_tree_node_logits_equal_their_path(name):
 
 
 def test_tree_layout_matches_the_released_code():
-    """K = 4, D = 3, L = 64: 21 tree nodes (1 + 4 + 16), a spine of 46 (root + 45 drafts), 18 siblings (NEW_METHODS.md 1.1)."""
+    """K = 4, D = 3, L = 64: 21 tree nodes (1 + 4 + 16), a spine of 46 (root + 45 drafts), 18 siblings."""
     assert tree_nodes(4, 3) == 21 and tree_nodes(3, 3) == 13
     tree = Tree.build(64 - 18, (4, 4))
     assert tree.size == 64 and tree.spine == 46
@@ -292,7 +293,7 @@ def test_counters_of_tree_windows():
     ``drafts_proposed`` counts every node of every window (K = 2, D = 3, L = 7: 7 nodes while 3 or more body
     positions are left, then 3, then the root alone), verified lies between accepted and proposed."""
     adapter = rejecting_janus()  # 16 codes
-    engine = JacobiEngine(adapter, SJD(), window=7, tree_width=2, tree_depth=3, coupling="maximal", draft_record="uniform")
+    engine = JacobiEngine(adapter, SJD(), PacTreeDrafter(window=7, coupling="maximal", draft_record="uniform", width=2, depth=3))
     length = adapter.layout.length
     nodes = {1: 1, 2: 3}
     total_accepted = 0
@@ -318,7 +319,7 @@ def test_forced_positions_get_no_siblings():
     """Lumina-mGPT's structural tokens (forced, width 1 in the tree) and AR tail: the forced ids land in place and
     count as no draft; its free positions are its only drafts."""
     adapter = rejecting_lumina(jacobi_tail=3)  # 8 codes
-    engine = JacobiEngine(adapter, SJD(), window=13, tree_width=3, tree_depth=3, coupling="maximal", draft_record="uniform")
+    engine = JacobiEngine(adapter, SJD(), PacTreeDrafter(window=13, coupling="maximal", draft_record="uniform", width=3, depth=3))
     forced = adapter.layout.forced_ids
     with decode_counts(engine) as exercised:
         gens = [engine.generate(PROMPT, seed) for seed in range(5)]
@@ -342,24 +343,25 @@ def make_cfg(*overrides: str):
 @pytest.mark.parametrize(("overrides", "message"), [
     (["engine.batch_size=2"], "engine.batch_size=1"),
     (["engine.compile=true"], "engine.compile=false"),
-    (["method.window=16"], "method.window=16 cannot hold the tree"),
-    (["method.tree_depth=1"], "method.tree_depth >= 2"),
-    (["method.pac_code_parity=true", "method.coupling=none"], "method.coupling='none'"),
+    (["drafter.window=16"], "drafter.window=16 cannot hold the tree"),
+    (["method.window=16"], "drafter.window=16 cannot hold the tree"),  # the deprecated key sets the drafter's
+    (["drafter.depth=1"], "drafter.depth=1 must be an integer >= 2"),
+    (["drafter.code_parity=true", "drafter.coupling=none"], "drafter.coupling='none'"),
 ])
 def test_bad_tree_settings_fail_before_the_model_loads(overrides, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
         validate(make_cfg("model=janus_pro_7b", "method=sjd_pac", *overrides))
-    with pytest.raises(ConfigError, match="tree_width >= 2"):
+    with pytest.raises(ConfigError, match="method.pac_code_parity is a tree setting: use drafter=pac_tree"):
         validate(make_cfg("method=sjd", "method.pac_code_parity=true"))
 
 
 def test_engine_refuses_batches_and_adapters_without_tree_attention():
     adapter = tiny_janus_adapter(grid=2, codebook=3)
-    with pytest.raises(ValueError, match="engine.batch_size must be 1"):
-        JacobiEngine(adapter, SJD(), window=21, tree_width=4, tree_depth=3, batch_size=2)
+    with pytest.raises(ValueError, match="set engine.batch_size=1"):
+        JacobiEngine(adapter, SJD(), PacTreeDrafter(window=21, coupling="none", draft_record="onehot", width=4, depth=3), batch_size=2)
     static = tiny_janus_adapter(grid=2, codebook=3, cache="static")
     with pytest.raises(ValueError, match="JanusAdapter has none"):
-        JacobiEngine(static, SJD(), window=21, tree_width=4, tree_depth=3)
+        JacobiEngine(static, SJD(), PacTreeDrafter(window=21, coupling="none", draft_record="onehot", width=4, depth=3))
 
 
 def test_sjd_pac_through_the_pipeline(tmp_path):

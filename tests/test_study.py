@@ -1,4 +1,4 @@
-"""stage=study (issue #17) on the toy model, at a tiny size: end to end, resumable, unreachable targets reported,
+"""stage=study on the toy model, at a tiny size: end to end, resumable, unreachable targets reported,
 bad study configs refused in one line before any model loads."""
 
 from __future__ import annotations
@@ -169,6 +169,6 @@ def test_rule_labels_let_one_method_appear_with_different_overrides(tmp_path: Pa
     gated = {**RULES["csd"], "overrides": {"delta": 0.99}}
     cfg = study_cfg(tmp_path, rules={"csd": RULES["csd"], "csd_gated": gated})
     study.check_study(cfg)
-    assert study.rule_method(cfg.study.rules.csd_gated, 2.0).delta == 0.99
-    assert study.rule_method(cfg.study.rules.csd, 2.0).delta == 1.0
-    assert study.rule_method(cfg.study.rules.csd_gated, 2.0).lam == 2.0
+    assert study.rule_method(cfg.study.rules.csd_gated, 2.0).method.delta == 0.99
+    assert study.rule_method(cfg.study.rules.csd, 2.0).method.delta == 1.0
+    assert study.rule_method(cfg.study.rules.csd_gated, 2.0).method.lam == 2.0

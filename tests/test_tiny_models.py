@@ -16,6 +16,7 @@ import torch
 from csd.acceptance import SJD
 from csd.adapters.base import ModelAdapter
 from csd.adapters.janus import tiny_janus_adapter
+from csd.drafters import ChainDrafter
 from csd.engine import JacobiEngine, Request
 from csd.processors import TargetPipeline
 from tests.helpers import decode_counts, rejecting_emu3, rejecting_janus, rejecting_lumina
@@ -82,7 +83,7 @@ def test_decode_counts_changes_no_token_and_counts_every_iteration():
     adapter = rejecting_janus()
     requests = [Request(PROMPT, seed=s, key=s) for s in range(3)]
     for window in (1, 5):
-        engine = JacobiEngine(adapter, SJD(), window=window)
+        engine = JacobiEngine(adapter, SJD(), ChainDrafter(window=window))
         plain = [gen.tokens.tolist() for _, gen in engine.generate_many(requests)]
         with decode_counts(engine) as counts:
             gens = [gen for _, gen in engine.generate_many(requests)]

@@ -16,7 +16,7 @@ from csd.config import CONF_DIR, ConfigError, build_rule, choices, method_params
 from tests.test_config import make_cfg, run_cli
 
 #: the config groups whose every key must have a schema entry
-SCHEMA_GROUPS = ("method", "model", "dataset", "engine", "eval", "logger")
+SCHEMA_GROUPS = ("method", "drafter", "model", "dataset", "engine", "eval", "logger")
 
 
 @pytest.mark.parametrize(
@@ -32,6 +32,7 @@ SCHEMA_GROUPS = ("method", "model", "dataset", "engine", "eval", "logger")
         (["method.lam=[0.1,0.2]"], r"method.lam=\[0.1, 0.2\] must be a finite number >= 0.*-m method.lam=a,b"),
         (["seed=abc"], "seed='abc' must be an integer >= 0"),
         (["method.window=true"], "method.window=true must be an integer >= 1"),
+        (["drafter.window=true"], "drafter.window=true must be an integer >= 1"),
         (["engine.compile=yes"], "engine.compile='yes' must be true or false"),
         (["engine.warmup=-1"], "engine.warmup=-1 must be an integer >= 0"),
         (["eval.batch_size=0"], "eval.batch_size=0 must be an integer >= 1"),
@@ -52,7 +53,7 @@ SCHEMA_GROUPS = ("method", "model", "dataset", "engine", "eval", "logger")
         (["method=gsd", "method.group_size=3.7"], "method.group_size=3.7 must be an integer >= 2"),
         (["method=gsd", "method.group_size=0"], "method.group_size=0 must be an integer >= 2"),
         # a speculative method with one-token windows is AR under another name
-        (["method=sjd", "method.window=1"], "method=sjd with method.window=1 decodes exactly like method=ar"),
+        (["method=sjd", "drafter.window=1"], "method=sjd with drafter.window=1 decodes exactly like method=ar"),
         (["method=lantern", "method.k=2.5"], "method.k=2.5 must be an integer >= 1"),
         (["method=gsd", "method.prob_threshold=5"], r"method.prob_threshold=5 must be in \[0, 1\]"),
         # metric names, before anything is generated
@@ -115,7 +116,8 @@ def test_every_config_key_has_a_schema_entry():
     missing = []
     for group, path in files:
         data = OmegaConf.to_container(OmegaConf.load(path))
-        missing += [f"{path.name}: {k}" for k in _leaf_keys(data, group + ".") if k not in config.SCHEMA]
+        prefix = "" if path.read_text().startswith("# @package _global_") else group + "."  # presets across groups
+        missing += [f"{path.name}: {k}" for k in _leaf_keys(data, prefix) if k not in config.SCHEMA]
     top = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "config.yaml"))
     top = {k: v for k, v in top.items() if k != "hydra"}  # nested keys too (dataset.num_shards, status.stale_min)
     missing += [f"config.yaml: {k}" for k in _leaf_keys(top, "") if k not in config.SCHEMA]
@@ -161,7 +163,7 @@ def test_ignored_method_keys_are_warned_about_once_per_run(caplog):
         cfg = make_cfg("method=sjd", "method.lam=0.3")
         validate(cfg)
         build_rule(cfg.method)
-        method_params(cfg.method)
+        method_params(cfg)
         validate(cfg)  # generate_run validates the config run_stages already validated
         assert len(warnings()) == 1
         validate(make_cfg("method=sjd", "method.lam=0.3"))  # the next job of a multirun: a new run
@@ -341,15 +343,15 @@ def test_a_window_longer_than_the_image_is_one_line_and_refused_when_compiled(tm
     from tests.test_rundir import tiny_cfg
 
     with caplog.at_level(logging.WARNING, logger="csd.pipeline"):
-        generate_run(tiny_cfg(tmp_path / "long", "dataset.n_prompts=1", "method.window=100"))
-    lines = [r.getMessage() for r in caplog.records if "method.window=100" in r.getMessage()]
-    assert lines == ["method.window=100 is longer than model=janus_pro_tiny's image (64 tokens): a window holds at "
-                     "most the tokens left to decode, so this run decodes as with method.window=64"]
-    generate_run(tiny_cfg(tmp_path / "64", "dataset.n_prompts=1", "method.window=64"))
+        generate_run(tiny_cfg(tmp_path / "long", "dataset.n_prompts=1", "drafter.window=100"))
+    lines = [r.getMessage() for r in caplog.records if "drafter.window=100" in r.getMessage()]
+    assert lines == ["drafter.window=100 is longer than model=janus_pro_tiny's image (64 tokens): a window holds at "
+                     "most the tokens left to decode, so this run decodes as with drafter.window=64"]
+    generate_run(tiny_cfg(tmp_path / "64", "dataset.n_prompts=1", "drafter.window=64"))
     assert load_records(tmp_path / "long")[0]["tokens"] == load_records(tmp_path / "64")[0]["tokens"]
-    compiled = tiny_cfg(tmp_path / "compiled", "dataset.n_prompts=1", "method.window=100", "engine.compile=true")
-    with pytest.raises(ConfigError, match=r"^method\.window=100 is longer than model=janus_pro_tiny's image \(64 "
-                                          r"tokens\) and engine\.compile=true pads .*: set method\.window <= 64$"):
+    compiled = tiny_cfg(tmp_path / "compiled", "dataset.n_prompts=1", "drafter.window=100", "engine.compile=true")
+    with pytest.raises(ConfigError, match=r"^drafter\.window=100 is longer than model=janus_pro_tiny's image \(64 "
+                                          r"tokens\) and engine\.compile=true pads .*: set drafter\.window <= 64$"):
         generate_run(compiled)
     assert not (tmp_path / "compiled" / "records.jsonl").exists()
 

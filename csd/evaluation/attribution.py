@@ -1,4 +1,4 @@
-"""What a relaxed acceptance costs, by region (issue #17): a relaxed run against SJD on the same prompt and seed.
+"""What a relaxed acceptance costs, by region (docs/EVALUATION.md, "Matched-compression study"): a relaxed run against SJD on the same prompt and seed.
 
 Both runs draw an image's random numbers from the same per-image stream in the same order, so their tokens are
 identical up to the first position where the relaxed rule accepted a draft that SJD's ``min(1, q/p)`` test

@@ -1,4 +1,4 @@
-"""Matched-compression comparison of relaxed rules (issue #17): find the knob value at which a rule reaches a
+"""Matched-compression comparison of relaxed rules (docs/EVALUATION.md, "Matched-compression study"): find the knob value at which a rule reaches a
 target step compression (the study then runs the rule at that knob, csd/study.py).
 
 A relaxed rule has one knob that trades quality for compression (CSD's ``lam``, Addition's ``c``, Amplify's

@@ -111,9 +111,9 @@ def _flag_notes(cells: dict[str, list]) -> list[str]:
 
 
 def defaults_note(methods: Sequence[str]) -> str | None:
-    """The labels' rule and each method's defaults beyond the engine-wide ones of ``conf/method_keys.yaml``
+    """The labels' rule and each method's defaults beyond the default drafter's (``conf/drafter/chain.yaml``)
     (``csd lam=0.1 delta=0.5 ...``); None when no method has a config file."""
-    engine = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "method_keys.yaml"))
+    engine = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "drafter" / "chain.yaml"))
     parts = []
     for method in dict.fromkeys(methods):
         defaults = method_defaults(method)
@@ -123,7 +123,7 @@ def defaults_note(methods: Sequence[str]) -> str | None:
     if not parts:
         return None
     return ("Labels name only the hyper-parameters that differ from the method's defaults or between its runs; "
-            "the defaults (`conf/method/<method>.yaml`, beyond `conf/method_keys.yaml`): " + "; ".join(parts) + ".")
+            "the defaults (`conf/method/<method>.yaml`, beyond `conf/drafter/chain.yaml`): " + "; ".join(parts) + ".")
 
 
 def markdown_table(df: pd.DataFrame) -> tuple[str, list[str]]:

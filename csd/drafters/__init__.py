@@ -1,0 +1,24 @@
+"""Drafters: the second plug-in axis of the engine, next to the acceptance rule (``csd.drafters.base``).
+
+``chain``: the Jacobi window of SJD and its variants (init, coupling, recorded law); ``pac_tree``: SJD-PAC's tree
+windows. Any rule runs with any drafter.
+"""
+
+from csd.drafters.base import (
+           COUPLINGS,
+           DRAFT_RECORDS,
+           INIT_SCHEMES,
+           STAT_KEYS,
+           BodyIds,
+           Drafter,
+           Proposal,
+           Verified,
+)
+from csd.drafters.chain import ChainDrafter
+from csd.drafters.pac_tree import PacTreeDrafter
+
+#: drafter name -> class (``conf/drafter/<name>.yaml``)
+DRAFTERS: dict[str, type[Drafter]] = {"chain": ChainDrafter, "pac_tree": PacTreeDrafter}
+
+__all__ = ["COUPLINGS", "DRAFTERS", "DRAFT_RECORDS", "INIT_SCHEMES", "STAT_KEYS", "BodyIds", "ChainDrafter", "Drafter",
+           "PacTreeDrafter", "Proposal", "Verified"]

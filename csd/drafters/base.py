@@ -1,0 +1,185 @@
+"""The drafter axis of the engine: what a drafter proposes, what the engine gives back to it.
+
+A drafter owns everything about the window of an iteration (docs/ALGORITHMS.md, "The engine loop"):
+
+1. :meth:`Drafter.propose` builds every slot's window: model input ids (column 0 the anchor, the last committed
+   token), the drafts and the law each was drawn from (the recorded ``p``), and the attention structure (a chain,
+   or a tree mask);
+4. :meth:`Drafter.verify` judges the drafts with the acceptance rule against the targets ``q`` of the forward and
+   reads, in the iteration's one host synchronisation, what each slot commits;
+5. :meth:`Drafter.refresh` turns this forward's targets into the next window's carried drafts.
+
+The engine does the rest (2 forward, 3 target, 6 roll back the cache, 7 commit, slot refill). Every random number
+of an image comes from its own generator in a fixed order, so its tokens never depend on its batch neighbours.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+
+from csd.acceptance import AcceptanceRule
+from csd.adapters.base import ModelAdapter
+from csd.verify import exponential_noise
+
+if TYPE_CHECKING:
+    from csd.engine import Slot
+    from csd.tree import TreeMask
+
+INIT_SCHEMES = ("random", "repeat_left")
+COUPLINGS = ("none", "maximal", "gumbel")
+#: the recorded ``p`` of a fresh random draft: one-hot on itself, or the uniform law it was drawn from
+DRAFT_RECORDS = ("onehot", "uniform")
+#: per-image counters every drafter reports, in this order (records, docs/ALGORITHMS.md "What is recorded")
+STAT_KEYS = ("drafts_proposed", "drafts_verified", "drafts_accepted", "relaxed_accepts", "filter_checks", "filter_passes",
+             "residual_fallbacks")
+
+
+class BodyIds:
+    """The body layout as device tensors: image-code index -> adapter token id, forced structural positions."""
+
+    def __init__(self, adapter: ModelAdapter) -> None:
+        layout, device = adapter.layout, adapter.device
+        self.forced = layout.forced_ids.to(device)
+        self.is_forced = self.forced >= 0
+        self.forced_host = (layout.forced_ids >= 0).tolist()
+        self.cols = layout.cols.tolist()
+        self.image_ids = adapter.image_token_ids.to(device)
+
+    def __call__(self, idx: torch.Tensor, start: int) -> torch.Tensor:
+        """Image-code indices at body positions ``start ..`` -> adapter token ids (forced ids where forced)."""
+        end = start + idx.numel()
+        return torch.where(self.is_forced[start:end], self.forced[start:end], self.image_ids[idx])
+
+
+@dataclass
+class Proposal:
+    """Every slot's window of one iteration, padded to one shape: ``ids [B, fed]`` (column 0 the anchor; an empty
+    slot's row is any token), ``from_prompt [B]`` (the anchor is the prompt's last token), ``active [B]``, ``rows``
+    target rows to read, ``tree`` (tree windows: the attention structure) and the drafter's own per-slot data."""
+
+    ids: torch.Tensor
+    from_prompt: list[bool]
+    active: list[bool]
+    rows: int
+    tree: TreeMask | None
+    windows: list[Any]
+
+    @property
+    def fed(self) -> int:
+        return self.ids.shape[1]
+
+
+@dataclass
+class Verified:
+    """What each slot commits: ``counts [B]`` (host ints, 0 for an empty slot), ``tokens``, ``kinds`` (COMMIT_*),
+    ``entropy`` ``[B, R]`` (the first ``counts[b]`` of row ``b`` are committed), ``stats [B, len(STAT_KEYS)]``;
+    ``keep`` (tree windows: the window entries each slot keeps in the cache; None: the first ``counts[b]``), and
+    the drafter's own results for :meth:`Drafter.refresh`."""
+
+    counts: list[int]
+    tokens: torch.Tensor
+    kinds: torch.Tensor
+    entropy: torch.Tensor
+    stats: torch.Tensor
+    keep: list[list[int]] | None
+    detail: Any
+
+
+class Drafter(ABC):
+    """A drafting scheme (docs/ALGORITHMS.md, "Drafting variants"): proposes windows, verifies them with any rule,
+    refreshes its drafts. ``window`` = ``L``: the number of entries one forward spends per image (anchor included).
+    ``init`` (fresh drafts), ``draft_record`` (their recorded law) and ``coupling`` (the refresh) are shared by the
+    chain and the tree drafters."""
+
+    name: str
+
+    def __init__(self, window: int = 16, init: str = "random", coupling: str = "none",
+                 draft_record: str = "onehot") -> None:
+        if window < 1:
+            raise ValueError(f"window must be >= 1, got {window}")
+        if init not in INIT_SCHEMES:
+            raise ValueError(f"init must be one of {INIT_SCHEMES}, got {init!r}")
+        if coupling not in COUPLINGS:
+            raise ValueError(f"coupling must be one of {COUPLINGS}, got {coupling!r}")
+        if draft_record not in DRAFT_RECORDS:
+            raise ValueError(f"draft_record must be one of {DRAFT_RECORDS}, got {draft_record!r}")
+        if draft_record == "uniform" and init != "random":
+            raise ValueError("draft_record='uniform' records the law of init='random' drafts; repeat_left drafts are not drawn from it")
+        self.window, self.init, self.coupling, self.draft_record = window, init, coupling, draft_record
+
+    def params(self) -> dict[str, object]:
+        """The drafting settings recorded with every image (``method_params``, before the rule's)."""
+        return {"window": self.window, "init": self.init, "coupling": self.coupling, "draft_record": self.draft_record}
+
+    def problem(self, batch_size: int, compiled: bool) -> str | None:
+        """Why this drafter cannot decode ``batch_size`` images at once (compiled or not), in one line; None if it can."""
+        return None
+
+    def bind(self, adapter: ModelAdapter, body: BodyIds, pad: bool) -> None:
+        """Attach to the adapter the engine decodes with; ``pad``: every multi-token window is padded to ``window``
+        rows (the compiled path's two step shapes)."""
+        self.adapter, self.body, self.pad = adapter, body, pad
+        self.device, self.vocab = adapter.device, adapter.vocab_size
+
+    def start(self, slot: Slot) -> None:
+        """A new image in ``slot``: its drafter state (``slot.draft``). Gumbel sharing draws one ``Exp(1)`` vector per
+        body position now, before any other random number of the image."""
+        slot.draft = self.new_state(
+            slot, None if self.coupling != "gumbel" else
+            exponential_noise((self.adapter.layout.length, self.vocab), slot.generator, self.device))
+
+    @abstractmethod
+    def new_state(self, slot: Slot, shared: torch.Tensor | None) -> Any:
+        """The drafter's state of a new image (``shared``: its Gumbel-sharing noise or None)."""
+
+    @abstractmethod
+    def propose(self, slots: list[Slot | None]) -> Proposal:
+        """Step 1: every slot's next window."""
+
+    @abstractmethod
+    def verify(self, rule: AcceptanceRule, slots: list[Slot | None], proposal: Proposal, target: torch.Tensor,
+               target_entropy: torch.Tensor) -> Verified:
+        """Step 4: judge the drafts against ``target [B, rows, V]`` (``target_entropy [B, rows]``) with ``rule``; one
+        host synchronisation."""
+
+    @abstractmethod
+    def refresh(self, slots: list[Slot | None], proposal: Proposal, verified: Verified, target: torch.Tensor) -> None:
+        """Step 5: the next window's carried drafts of every slot, from this forward."""
+
+    def fresh_drafts(self, start: int, count: int, left: torch.Tensor | None, gen: torch.Generator) -> torch.Tensor:
+        """``count`` fresh draft indices for positions ``start ..``; ``left`` is the index at ``start - 1``."""
+        rand = torch.randint(self.vocab, (count,), generator=gen, device=self.device)
+        if self.init == "random" or count == 0:
+            return rand
+        # repeat_left: copy the left neighbour in the same image row (random at a row start)
+        out = []
+        for j in range(count):
+            left = rand[j] if (self.body.cols[start + j] <= 0 or left is None) else left
+            out.append(left)
+        return torch.stack(out)
+
+    def fresh_probs(self, fresh: torch.Tensor) -> torch.Tensor:
+        """The recorded ``p`` of fresh drafts ``[count]``: one-hot rows, or the uniform law over the image codes (a
+        fresh random draft's real law: as lossless, and SJD accepts it with ``min(1, V q(x))`` instead of ``q(x)``)."""
+        if self.draft_record == "uniform":
+            return torch.full((fresh.numel(), self.vocab), 1.0 / self.vocab, device=self.device)
+        return F.one_hot(fresh, self.vocab).float()
+
+    def spine(self, slot: Slot, carried: torch.Tensor, carried_probs: torch.Tensor,
+              n_drafts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """SJD step 1 for a chain of ``n_drafts`` drafts: the carried drafts topped up with fresh ones. Returns the
+        drafts, their recorded laws and the anchor's id (the last committed token; the adapter puts the prompt's
+        last token there when nothing is committed yet)."""
+        n = slot.n
+        keep = min(carried.numel(), n_drafts)
+        left = carried[keep - 1] if keep else (slot.body[n - 1] if n else None)
+        fresh = self.fresh_drafts(n + keep, n_drafts - keep, left, slot.generator)
+        drafts = torch.cat([carried[:keep], fresh])
+        probs = torch.cat([carried_probs[:keep], self.fresh_probs(fresh)])
+        anchor = self.body(slot.body[n - 1 : n], n - 1) if n else self.body.image_ids[:1]
+        return drafts, probs, anchor

@@ -1,0 +1,127 @@
+"""The Jacobi chain window of SJD and its variants (docs/ALGORITHMS.md, "The engine loop" and "Drafting variants").
+
+A window is the anchor plus ``K - 1`` drafts, ``K = min(L, N - n)`` (``K = 1`` in the AR tail): the drafts carried
+from the last forward, topped up with fresh ones (``init``). After verification (:func:`csd.verify.verify_window`),
+the row samples ``y_m .. y_{K-1}`` of this forward become the next drafts with recorded laws ``q_m .. q_{K-1}``
+(``coupling=none``), or each surviving old draft is maximally coupled with its new target (``maximal``, MC-SJD).
+Windows of a batch may differ in length: shorter ones are padded and their padding is never committed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+
+from csd.acceptance import AcceptanceRule
+from csd.adapters.base import to_device
+from csd.drafters.base import Drafter, Proposal, Verified
+from csd.records import COMMIT_ACCEPTED, COMMIT_RELAXED, COMMIT_SAMPLED
+from csd.verify import WindowNoise, WindowResult, couple_drafts, verify_window
+
+if TYPE_CHECKING:
+    from csd.engine import Slot
+
+
+@dataclass
+class ChainState:
+    """An image's carried drafts ``[c]``, their recorded laws ``[c, V]`` and its Gumbel-sharing noise (or None)."""
+
+    carried: torch.Tensor
+    carried_probs: torch.Tensor
+    shared: torch.Tensor | None
+
+
+@dataclass
+class ChainWindow:
+    """One image's window: ``rows`` target rows, its drafts ``[rows - 1]``, their recorded ``p`` and the input ids."""
+
+    rows: int
+    drafts: torch.Tensor
+    draft_probs: torch.Tensor
+    ids: torch.Tensor
+
+
+class ChainDrafter(Drafter):
+    """Jacobi chain windows of ``window`` rows (``window = 1`` is AR)."""
+
+    name = "chain"
+
+    def new_state(self, slot: Slot, shared: torch.Tensor | None) -> ChainState:
+        empty = torch.zeros((0, self.vocab), dtype=torch.float32, device=self.device)
+        return ChainState(torch.zeros(0, dtype=torch.long, device=self.device), empty, shared)
+
+    def _window(self, slot: Slot) -> ChainWindow:
+        length, tail, n = self.adapter.layout.length, self.adapter.layout.jacobi_tail, slot.n
+        rows = 1 if length - n <= tail else min(self.window, length - n)
+        drafts, probs, anchor = self.spine(slot, slot.draft.carried, slot.draft.carried_probs, rows - 1)
+        return ChainWindow(rows, drafts, probs, torch.cat([anchor, self.body(drafts, n)]))
+
+    def propose(self, slots: list[Slot | None]) -> Proposal:
+        windows = [None if slot is None else self._window(slot) for slot in slots]
+        rows = max(w.rows for w in windows if w is not None)
+        fed = self.window if (self.pad and rows > 1) else rows
+        # padding repeats a window's last token (an empty slot: any token); its outputs are dropped and rolled back
+        ids = torch.stack([
+            self.body.image_ids[:1].expand(fed) if w is None else torch.cat([w.ids, w.ids[-1:].expand(fed - w.rows)])
+            for w in windows
+        ])
+        from_prompt = [w is not None and slot.n == 0 for slot, w in zip(slots, windows, strict=True)]
+        return Proposal(ids, from_prompt, [w is not None for w in windows], rows, None, windows)
+
+    def verify(self, rule: AcceptanceRule, slots: list[Slot | None], proposal: Proposal, target: torch.Tensor,
+               target_entropy: torch.Tensor) -> Verified:
+        windows, rows, vocab, device = proposal.windows, proposal.rows, self.vocab, self.device
+        # each image draws its window's random numbers from its own generator, exactly as at batch 1;
+        # windows shorter than the batch's are padded (padding is never accepted nor committed)
+        noise = WindowNoise(target.new_ones((len(slots), rows, vocab)), target.new_zeros((len(slots), rows - 1)),
+                            target.new_ones((len(slots), vocab)))
+        drafts = torch.zeros((len(slots), rows - 1), dtype=torch.long, device=device)
+        draft_probs = F.one_hot(drafts, vocab).float()
+        forced = torch.zeros((len(slots), rows - 1), dtype=torch.bool, device=device)
+        for b, (slot, w) in enumerate(zip(slots, windows, strict=True)):
+            if w is None:
+                continue
+            shared = slot.draft.shared
+            shared = None if shared is None else shared[slot.n : slot.n + w.rows].unsqueeze(0)
+            own = WindowNoise.draw(1, w.rows, vocab, slot.generator, device, shared)
+            noise.samples[b, : w.rows], noise.uniforms[b, : w.rows - 1], noise.residual[b] = own.samples[0], own.uniforms[0], own.residual[0]
+            drafts[b, : w.rows - 1], draft_probs[b, : w.rows - 1] = w.drafts, w.draft_probs
+            forced[b, : w.rows - 1] = self.body.is_forced[slot.n : slot.n + w.rows - 1]
+        n_drafts = to_device([0 if w is None else w.rows - 1 for w in windows], device)
+        result, samples = verify_window(rule, target, target_entropy, drafts, draft_probs, forced, noise, n_drafts)
+        kinds = torch.full((len(slots), rows), COMMIT_SAMPLED, dtype=torch.long, device=device)
+        kinds[:, : rows - 1] = torch.where(
+            result.accepted, torch.where(result.relaxed, COMMIT_RELAXED, COMMIT_ACCEPTED), COMMIT_SAMPLED
+        )
+        stats = self._stats(result, n_drafts, forced)
+        counts = (result.n_accepted + 1).tolist()  # the one host synchronisation of the iteration
+        counts = [m if w is not None else 0 for m, w in zip(counts, windows, strict=True)]
+        return Verified(counts, result.committed, kinds, target_entropy, stats, None, samples)
+
+    def refresh(self, slots: list[Slot | None], proposal: Proposal, verified: Verified, target: torch.Tensor) -> None:
+        """SJD step 6: ``y_m .. y_{K-1}`` become the next drafts, recorded with ``q_m .. q_{K-1}``; with maximal
+        coupling each surviving old draft is kept with probability ``min(1, q/p)`` (:func:`csd.verify.couple_drafts`)."""
+        samples = verified.detail
+        for b, (slot, w, m) in enumerate(zip(slots, proposal.windows, verified.counts, strict=True)):
+            if w is None:
+                continue
+            refreshed = samples[b, m : w.rows]
+            if self.coupling == "maximal" and w.rows > 1:
+                coupled = couple_drafts(target[b, : w.rows - 1], w.drafts, w.draft_probs, slot.generator)
+                refreshed = torch.cat([coupled, samples[b, w.rows - 1 : w.rows]])[m:]
+            slot.draft.carried, slot.draft.carried_probs = refreshed, target[b, m : w.rows]
+
+    @staticmethod
+    def _stats(result: WindowResult, n_drafts: torch.Tensor, forced: torch.Tensor) -> torch.Tensor:
+        """Device-side counters ``[B, len(STAT_KEYS)]`` in STAT_KEYS order (forced positions excluded)."""
+        positions = torch.arange(forced.shape[1], device=forced.device)
+        proposed = ((positions < n_drafts.unsqueeze(-1)) & ~forced).sum(-1)
+        verified = result.verified.sum(-1)
+        zero = proposed * 0
+        checks = verified if result.filter_pass is not None else zero
+        passes = result.filter_pass.sum(-1) if result.filter_pass is not None else zero
+        return torch.stack([proposed, verified, result.accepted.sum(-1), result.relaxed.sum(-1), checks, passes,
+                            result.fallback.long()], dim=-1)
