@@ -10,17 +10,17 @@ from omegaconf import DictConfig, OmegaConf
 from csd.cli import check_before_hydra, check_command_line, run_stages
 
 
-def output_dir(stage: str, run_dir: str | None, sweep_dir: str | None, new_dir: str, report_log_dir: str) -> str:
+def output_dir(stage: str, run_dir: str | None, sweep_dir: str | None, new_dir: str, read_log_dir: str) -> str:
     """Hydra's run directory (``.hydra/``, ``run.log``): the directory a stage works in, not a stray new one.
 
-    ``run_dir`` when given (evaluating a run writes next to it); for ``stage=report`` on a sweep or run
-    ``report_log_dir`` (``runs/report/<time>``): the report's own directory holds only the report, so reporting
-    committed results changes nothing but the report's files; for ``stage=status`` the directory it reads and
-    for ``stage=study`` the one it writes (``sweep_dir`` or ``run_dir``); else ``new_dir``, a new timestamped run.
+    ``run_dir`` when given (evaluating a run writes next to it); for ``stage=report`` and ``stage=status`` on a
+    sweep or run ``read_log_dir`` (``runs/<stage>/<time>``): they only read that directory (the report writes just
+    its own files), so running them on committed results leaves Hydra's files elsewhere; for ``stage=study`` the
+    directory it writes (``sweep_dir`` or ``run_dir``); else ``new_dir``, a new timestamped run.
     """
-    if stage == "report" and (sweep_dir or run_dir):
-        return report_log_dir
-    if stage in ("status", "study") and (sweep_dir or run_dir):
+    if stage in ("report", "status") and (sweep_dir or run_dir):
+        return read_log_dir
+    if stage == "study" and (sweep_dir or run_dir):
         return sweep_dir or run_dir
     return run_dir or new_dir
 
