@@ -127,7 +127,7 @@ def test_status_cli_over_a_sweep_dir(tmp_path):
     out = proc.communicate(timeout=120)[0]
     assert proc.returncode == 0, out
     assert "2/12 images, 1/2 shards complete" in out and "stopped" in out and "complete" in out
-    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == [".hydra", "run", "run.log"]  # no stray directory
+    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == ["run"]  # Hydra's files go to runs/status/<time>
 
 
 def test_a_shard_with_another_lam_is_refused_before_the_model_loads(tmp_path, monkeypatch):
