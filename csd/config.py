@@ -11,6 +11,7 @@ import dataclasses
 import functools
 import inspect
 import logging
+import typing
 import weakref
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -26,6 +27,7 @@ from csd.acceptance import ENTROPY_NORMS, AcceptanceRule
 from csd.adapters.base import EntropyTemperature, ModelAdapter
 from csd.drafters import COUPLINGS, DRAFT_RECORDS, INIT_SCHEMES, Drafter
 from csd.evaluation.images import step_error
+from csd.fast import CompiledStep
 from csd.prompts import Prompt
 from csd.schema import (
     Bool,
@@ -82,6 +84,9 @@ def metric_names() -> list[str]:
 UNSET = "for the method's default"
 #: what null means for the deprecated drafting keys of method_keys.yaml
 MOVED = "for the drafter's value (deprecated key: use drafter.<key>)"
+
+#: ``engine.compile_backend``: torch.compile backends of the compiled step (``aot_eager``/``eager`` trace only)
+COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")
 
 #: ``dataset.caption_rule`` of COCO captions (the keys of ``csd.data.coco.CAPTION_RULES``, which imports this module)
 CAPTION_RULES = ("longest", "sjd", "lantern")
@@ -181,6 +186,7 @@ SCHEMA: dict[str, Spec | ByTarget] = {
     "dataset.caption_rule": Choice(options=CAPTION_RULES),
     # conf/engine/*.yaml
     "engine.compile": Bool(),
+    "engine.compile_backend": Choice(options=COMPILE_BACKENDS),
     "engine.max_cache_len": Int(min=1, null="for prompt + body + 64"),
     "engine.progress": Bool(),
     "engine.warmup": Int(min=0),
@@ -417,6 +423,8 @@ def validate(cfg: DictConfig) -> None:
     drafter = build_drafter(cfg.drafter)  # the drafter's own checks, before any model loads
     problem = drafter.problem(cfg.engine.batch_size, cfg.engine.compile)
     _check(problem is None, str(problem))
+    _check(not cfg.engine.compile or adapter_class(cfg.model).compilable,
+           f"engine.compile=true: model={cfg.model.name} has no compiled path; use engine.compile=false")
     rule = OmegaConf.select(cfg, "eval.caption_rule")
     _check(rule is None or cfg.stage not in ("generate", "all") or d.get("caption_rule", rule) == rule,
            f"eval.protocol={OmegaConf.select(cfg, 'eval.protocol')} was published on COCO prompts chosen by "
@@ -473,21 +481,29 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-def build_adapter(model: DictConfig, device: torch.device, engine: DictConfig | None = None) -> ModelAdapter:
-    """The model's loader with its config values (``engine.compile``: static cache + compiled decode step)."""
+def adapter_class(model: DictConfig) -> type[ModelAdapter]:
+    """The adapter class ``model._target_`` (a loader function) returns, from its return annotation: what the model
+    supports (``compilable``) is known before any weight loads."""
+    return typing.get_type_hints(get_method(model._target_))["return"]
+
+
+def build_adapter(model: DictConfig, device: torch.device) -> ModelAdapter:
+    """The model's loader with its config values."""
     params = {k: v for k, v in OmegaConf.to_container(model, resolve=True).items()
               if k not in ("name", "_target_", "entropy_temperature")}
     params["top_k"] = params.get("top_k") or 0
-    loader = get_method(model._target_)
-    if engine is not None and engine.compile:
-        if "compile" not in inspect.signature(loader).parameters:
-            raise ConfigError(f"engine.compile=true: model={model.name} has no compiled path; use engine.compile=false")
-        params.update(cache="static", compile=True, max_cache_len=engine.max_cache_len)
-    adapter = loader(**params, device=str(device))
+    adapter = get_method(model._target_)(**params, device=str(device))
     tempered = entropy_temperature(model)
     if tempered is not None:  # part of the target q, which the engine's processors build from adapter.sampling
         adapter.sampling = dataclasses.replace(adapter.sampling, entropy_temperature=tempered)
     return adapter
+
+
+def compiled_step(adapter: ModelAdapter, engine: DictConfig) -> CompiledStep | None:
+    """``engine.compile=true``: the adapter's decode step compiled (``csd.fast.CompiledStep``); else None (eager)."""
+    if not engine.compile:
+        return None
+    return CompiledStep(adapter, engine.max_cache_len, engine.compile_backend)
 
 
 def load_prompts(dataset: DictConfig) -> list[Prompt]:

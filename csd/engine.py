@@ -29,8 +29,11 @@ import torch
 
 from csd.acceptance import AcceptanceRule, entropy
 from csd.adapters.base import ModelAdapter
+from csd.device import synchronize
 from csd.drafters import STAT_KEYS, BodyIds, ChainDrafter, Drafter
+from csd.fast import CompiledStep
 from csd.processors import TargetPipeline
+from csd.ragged import SlotBatch
 from csd.records import COMMIT_FORCED
 
 
@@ -66,11 +69,6 @@ class Generation:
         return self.tokens.numel() / max(self.nfe, 1)
 
 
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 @dataclass
 class Slot:
     """Decoding state of the image in a batch slot (host ints, device tensors); ``draft``: the drafter's state."""
@@ -92,24 +90,26 @@ class JacobiEngine:
     """Speculative decoding of ``batch_size`` images at once with a drafter and an acceptance rule.
 
     ``drafter``: a :class:`csd.drafters.Drafter` (default: SJD's chain window of 16 rows; a chain of ``window=1`` is
-    AR). ``pad_window``: the compiled path, where every multi-token forward has exactly ``drafter.window`` rows (two
-    step shapes in all).
+    AR). ``compiled``: the adapter's compiled decode step (``csd.fast.CompiledStep``); every multi-token forward then
+    has exactly ``drafter.window`` rows (two step shapes in all). Every run decodes on one ``csd.ragged.SlotBatch``.
     """
 
     def __init__(self, adapter: ModelAdapter, rule: AcceptanceRule, drafter: Drafter | None = None,
-                 batch_size: int = 1, pad_window: bool = False) -> None:
+                 batch_size: int = 1, compiled: CompiledStep | None = None) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         drafter = ChainDrafter() if drafter is None else drafter
-        problem = drafter.problem(batch_size, pad_window)
+        problem = drafter.problem(batch_size, compiled is not None)
         if problem is not None:
             raise ValueError(problem)
+        if compiled is not None and compiled.adapter is not adapter:
+            raise ValueError("the compiled step belongs to another adapter")
         self.adapter, self.rule, self.drafter = adapter, rule, drafter
-        self.pad_window, self.batch_size = pad_window, batch_size
+        self.compiled, self.batch_size = compiled, batch_size
         self.pipeline = TargetPipeline.build(adapter.sampling, adapter.raw_image_columns)
         self.device = adapter.device
         self.body = BodyIds(adapter)
-        drafter.bind(adapter, self.body, pad_window)
+        drafter.bind(adapter, self.body, compiled is not None)
         rule.setup(adapter)
 
     @torch.no_grad()
@@ -123,14 +123,14 @@ class JacobiEngine:
         """Decode ``requests`` with up to ``batch_size`` in flight; yields ``(request, generation)`` as each
         image finishes (completion order), and the next request takes the freed slot."""
         pending = iter(requests)
-        state = self.adapter.start_batch(self.batch_size)
+        state = SlotBatch(self.adapter, self.batch_size, self.compiled)
         slots = [self._start(state, slot, next(pending, None)) for slot in range(self.batch_size)]
         while any(slot is not None for slot in slots):
             for b in self._iteration(state, slots):
                 yield slots[b].request, self._finish(slots[b])
                 slots[b] = self._start(state, b, next(pending, None))
 
-    def _start(self, state: Any, b: int, request: Request | None) -> Slot | None:
+    def _start(self, state: SlotBatch, b: int, request: Request | None) -> Slot | None:
         """Prefill slot ``b`` with ``request`` (None: the slot stays empty)."""
         if request is None:
             return None
@@ -140,7 +140,7 @@ class JacobiEngine:
         if self.batch_size == 1:
             synchronize(device)
             times.append(time.perf_counter())
-        self.adapter.prefill_slot(state, b, request.prompt)
+        state.prefill(b, request.prompt)
         if self.batch_size == 1:
             synchronize(device)
             times.append(time.perf_counter())
@@ -153,13 +153,13 @@ class JacobiEngine:
         self.drafter.start(slot)
         return slot
 
-    def _iteration(self, state: Any, slots: list[Slot | None]) -> list[int]:
+    def _iteration(self, state: SlotBatch, slots: list[Slot | None]) -> list[int]:
         """One forward for every image in flight (the numbered steps of the module docstring); returns the slots
         whose image is now complete."""
         # 1 propose
         proposal = self.drafter.propose(slots)
         # 2 forward
-        raw = self.adapter.forward_batch(state, proposal.ids, proposal.from_prompt, proposal.active, tree=proposal.tree)
+        raw = state.forward(proposal.ids, proposal.from_prompt, proposal.active, tree=proposal.tree)
         # 3 target
         target = self.pipeline(raw[:, :, : proposal.rows])
         target_entropy = entropy(target)
@@ -169,10 +169,9 @@ class JacobiEngine:
         self.drafter.refresh(slots, proposal, verified, target)
         # 6 roll back
         if verified.keep is None:
-            self.adapter.rollback_batch(state, [proposal.fed - m if active else 0
-                                                for m, active in zip(verified.counts, proposal.active, strict=True)])
+            state.rollback([proposal.fed - m if active else 0 for m, active in zip(verified.counts, proposal.active, strict=True)])
         else:
-            self.adapter.keep_batch(state, proposal.fed, verified.keep)
+            state.keep(proposal.fed, verified.keep)
         # 7 commit
         done = []
         for b, (slot, m) in enumerate(zip(slots, verified.counts, strict=True)):

@@ -22,13 +22,15 @@ from csd.config import (
     build_adapter,
     build_drafter,
     build_rule,
+    compiled_step,
     load_prompts,
     method_params,
     resolve_device,
     validate,
 )
+from csd.device import synchronize
 from csd.drafters import ChainDrafter
-from csd.engine import Generation, JacobiEngine, Request, synchronize
+from csd.engine import Generation, JacobiEngine, Request
 from csd.prompts import Prompt
 from csd.records import ImageRecord, RecordWriter, image_name, load_records, records_file, shard_suffix
 from csd.rundir import check_fingerprint, check_shards, generate_lock, shard_of
@@ -176,9 +178,9 @@ def warm_up(cfg: DictConfig, engine: JacobiEngine, prompt: str) -> None:
     ``engine``'s batch size too (reached only in a final one-row window)."""
     for _ in range(cfg.engine.warmup):
         engine.generate(prompt, seed=0)
-    if cfg.engine.compile and engine.drafter.window > 1:
+    if engine.compiled is not None and engine.drafter.window > 1:
         JacobiEngine(engine.adapter, engine.rule, ChainDrafter(window=1), batch_size=engine.batch_size,
-                     pad_window=True).generate(prompt, seed=0)
+                     compiled=engine.compiled).generate(prompt, seed=0)
 
 
 def check_fits(cfg: DictConfig, adapter: ModelAdapter, prompts: list[Prompt]) -> None:
@@ -234,11 +236,11 @@ def generate_missing(cfg: DictConfig, prompts: list[Prompt], writer: RecordWrite
         log.info("%s: all %d images already generated", run_dir, n_images)
         return
     device = resolve_device(cfg.device)
-    adapter = build_adapter(cfg.model, device, cfg.engine)
+    adapter = build_adapter(cfg.model, device)
+    compiled = compiled_step(adapter, cfg.engine)
     check_fits(cfg, adapter, [prompt for _, prompt, _ in todo])
     write_run_info(run_dir, cfg, params, adapter.describe(), n_images)
-    engine = JacobiEngine(adapter, rule, build_drafter(cfg.drafter), batch_size=cfg.engine.batch_size,
-                          pad_window=cfg.engine.compile)
+    engine = JacobiEngine(adapter, rule, build_drafter(cfg.drafter), batch_size=cfg.engine.batch_size, compiled=compiled)
     warm_up(cfg, engine, todo[0][1].text)
     log.info("%s: %d of %d images to generate, %d at a time", run_dir, len(todo), n_images, cfg.engine.batch_size)
     requests = (Request(prompt.text, image_seed(cfg.seed, index, sample), key=(index, prompt, sample)) for index, prompt, sample in todo)
@@ -257,7 +259,7 @@ def generate_missing(cfg: DictConfig, prompts: list[Prompt], writer: RecordWrite
         info_path, throughput_images=len(todo), throughput_engine_s=engine_s, throughput_images_per_s=len(todo) / engine_s
     )
     if cfg.engine.batch_size > 1 and cfg.engine.latency_probe:
-        probe = JacobiEngine(adapter, rule, build_drafter(cfg.drafter), pad_window=cfg.engine.compile)
+        probe = JacobiEngine(adapter, rule, build_drafter(cfg.drafter), compiled=compiled)
         update_run_info(info_path, latency_probe=latency_probe(cfg, probe, prompts, run_dir))
 
 

@@ -1,46 +1,61 @@
-"""Batched decoding on one preallocated KV cache with a length per row (docs/ALGORITHMS.md "Batches: ragged rows on one loop").
+"""The one KV cache every run decodes on: a preallocated cache with a length per row (batch 1 is one slot).
 
 ``B`` images decode together, each at its own point of its image: slot ``b`` owns cache rows
 ``b * rows .. b * rows + rows - 1`` (``rows`` = 2 under CFG, conditional first) and every row has its
 own length. Row ``r`` keeps its prompt from cache index 0 (no left padding), so cache index = position:
 the ``q`` entries of a forward go to indices ``lengths[r] .. lengths[r] + q - 1``, which are also their
 position ids, and an additive mask lets query ``j`` see keys ``0 .. lengths[r] + j`` and nothing else.
-Every forward attends over the whole capacity, so a row's numerics never depend on the other rows'
-lengths (only CPU / GPU matrix products may round a row differently for another number of rows: up to
-2e-5 on the toy's logits); masked keys weigh exactly 0 (the buffers start zeroed: no stale NaN leaks).
+A row's numerics do not depend on the other rows' lengths (only CPU / GPU matrix products may round a row
+differently for another number of rows: up to 2e-5 on the toy's logits); masked keys weigh exactly 0 (the
+buffers start zeroed: no stale NaN leaks).
 
-:class:`RaggedCache` is handed to a transformers Llama as ``cache=``: its attention layers call
+:class:`RaggedCache` is handed to a transformers decoder as ``cache=``: its attention layers call
 :meth:`RaggedCache.update` and attend over what it returns; a 4D ``attention_mask`` bypasses the
-library's mask construction. Nothing of the model code is copied. :class:`RaggedDispatch` implements
-the adapter's batched API (``start_batch``, ``prefill_slot``, ``forward_batch``, ``rollback_batch``,
-see ``csd.adapters.base``) on it for the toy, Janus, Lumina-mGPT and Emu3 adapters (the last two eager only,
-their CFG rows at their own prompt lengths).
+library's mask construction. Nothing of the model code is copied. :class:`SlotBatch` drives an adapter
+(``csd.adapters.base``: prompt inputs, body inputs, one decode step) on it: prefill a slot, one forward for every
+slot's window, roll back or keep each slot's entries. :func:`reference_logits` is the no-cache oracle the tests
+compare it with.
 
-Compiled (``engine.compile=true``, the adapter's ``csd.fast.StaticDecoder``): the cache has a fixed
-capacity and its buffers static addresses, kept on the adapter across batches; the decode step is the
-StaticDecoder's compiled function, fed ``[B * rows, L]`` or ``[B * rows, 1]`` (the engine pads windows),
-so two graphs in all. Position ids, write indices and the mask are computed from the device ``lengths``
-outside the graph (inputs of fixed shape, copied into a CUDA graph's static inputs); prefill is eager.
+Compiled (``engine.compile=true``, ``csd.fast.CompiledStep``): the cache has a fixed capacity and its buffers
+static addresses, kept across batches; the decode step is compiled, fed ``[B * rows, L]`` or ``[B * rows, 1]``
+(the engine pads windows), so two graphs in all. Position ids, write indices and the mask are computed from the
+device ``lengths`` outside the graph (inputs of fixed shape, copied into a CUDA graph's static inputs); prefill is
+eager.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 from transformers import PretrainedConfig
 
-from csd.adapters.base import BodyLayout, to_device
-from csd.fast import StaticDecoder, default_cache_len
+from csd.adapters.base import ModelAdapter
+from csd.device import to_device
 from csd.tree import TreeMask
+
+if TYPE_CHECKING:
+    from csd.fast import CompiledStep
+
+#: default room after the prompt and the image body for the last window's (padded) rows
+WINDOW_RESERVE = 64
+#: default cache lengths are rounded up to a multiple of this, so that prompts of similar length share
+#: one compiled cache (a new cache means new CUDA graphs: a recompilation)
+CACHE_LEN_MULTIPLE = 256
 
 #: a forward attends over the first ``2^k >= 128`` cache entries that hold every row's keys, not the whole
 #: capacity: attention cost follows the batch's progress. Masked keys weigh exactly 0, and on the CPU
 #: attention kernel results are bitwise equal for every power-of-two bound >= 128 (checked for the toy's
 #: and tiny Janus's shapes), so a row's numerics still do not depend on its neighbours' lengths.
 MIN_KEY_BOUND = 128
+
+
+def default_cache_len(prompt_len: int, body_len: int) -> int:
+    """Cache entries for a prompt of ``prompt_len`` entries, the body and ``WINDOW_RESERVE``, rounded up to
+    ``CACHE_LEN_MULTIPLE``."""
+    return math.ceil((prompt_len + body_len + WINDOW_RESERVE) / CACHE_LEN_MULTIPLE) * CACHE_LEN_MULTIPLE
 
 
 def key_bound(needed: int, capacity: int) -> int:
@@ -199,167 +214,149 @@ class RaggedCache:
         self.lengths -= to_device(n, self.device)
 
 
-@dataclass
-class RaggedBatch:
-    """The state of ``slots`` concurrent images: the cache (static path: picked by the first prefill), each
-    row's prompt tail (the first anchor) and which slots the last forward advanced."""
+class SlotBatch:
+    """``slots`` images decoding at once on one :class:`RaggedCache` through an adapter's decode step.
 
-    cache: RaggedCache | None
-    slots: int
-    rows: int
-    #: ``[slots * rows, 1, ...]`` model input of each row's last prompt token (ids or embeddings); set by prefill
-    prompt_tail: torch.Tensor | None = None
-    ran: list[bool] = field(default_factory=list)
-    #: per cache row: its prompt is empty (its anchor is a placeholder that predicts nothing); set by prefill
-    no_prompt: list[bool] = field(default_factory=list)
+    The adapter (``csd.adapters.base.ModelAdapter``) gives ``prompt_inputs(prompt)`` (model inputs of the CFG rows
+    of a prompt: a ``[rows, T, ...]`` tensor, or one ``[T_r, ...]`` tensor per row when their lengths differ; a row
+    may be empty), ``body_inputs(ids [N, K]) -> [N, K, ...]``, ``decode_step(inputs, cache, position_ids,
+    attention_mask) -> [N, q, V]`` and ``decoder()`` (the transformers decoder whose layers the cache serves).
+    Eager (``compiled`` None): the cache grows with the prompts. Compiled: the cache of ``compiled``, fixed.
+    """
+
+    def __init__(self, adapter: ModelAdapter, slots: int, compiled: CompiledStep | None = None) -> None:
+        if slots < 1:
+            raise ValueError(f"slots={slots} must be >= 1")
+        self.adapter, self.slots, self.compiled = adapter, slots, compiled
+        self.rows = 2 if adapter.uses_cfg else 1
+        decoder = adapter.decoder()
+        #: eager: sized by the first prompts and grown as needed; compiled: picked by the first prefill
+        self.cache = None if compiled else RaggedCache(decoder.config, slots * self.rows, 0, decoder.dtype, decoder.device)
+        #: ``[slots * rows, 1, ...]`` model input of each row's last prompt token (ids or embeddings)
+        self.prompt_tail: torch.Tensor | None = None
+        #: which slots the last forward advanced
+        self.ran = [False] * slots
+        #: per cache row: its prompt is empty (its anchor is a placeholder that predicts nothing)
+        self.no_prompt: list[bool] = []
+
+    @property
+    def tree_attention(self) -> bool:
+        """Tree windows (``forward(tree=...)``, :meth:`keep`) run on the eager cache."""
+        return self.compiled is None
 
     def slot_rows(self, slot: int) -> slice:
         if not 0 <= slot < self.slots:
             raise ValueError(f"slot={slot} must be in [0, {self.slots})")
         return slice(slot * self.rows, (slot + 1) * self.rows)
 
-
-class RaggedDispatch:
-    """Adapter mixin: the batched API of ``csd.adapters.base`` on a :class:`RaggedCache`.
-
-    The adapter provides ``prompt_inputs(prompt)`` (model inputs of the CFG rows of a prompt: a
-    ``[rows, T, ...]`` tensor, or one ``[T_r, ...]`` tensor per row when their lengths differ; a row may be
-    empty), ``body_inputs(ids [N, K]) -> [N, K, ...]`` (model inputs of body token ids),
-    ``decode_step(inputs, cache, position_ids, attention_mask) -> [N, q, V]``, ``decoder()`` (the
-    transformers decoder whose layers the cache serves) and ``static`` (None: eager, growing cache).
-    """
-
-    static: StaticDecoder | None
-    layout: BodyLayout
-    uses_cfg: bool
-    #: static path: the fixed-capacity cache of the last batch, reused by the next one of the same size (new
-    #: buffers would re-record the CUDA graphs); one batch decodes on an adapter at a time
-    fixed_cache: RaggedCache | None = None
-
-    def start_batch(self, slots: int) -> Any:
-        """A cache for ``slots`` images of ``rows`` CFG rows; its capacity is set by the first prompts. With the
-        static (compiled) cache, one image decodes on the StaticDecoder's single context (``csd.fast``)."""
-        if slots < 1:
-            raise ValueError(f"slots={slots} must be >= 1")
-        if self.static is not None and slots == 1:
-            return super().start_batch(slots)
-        rows = 2 if self.uses_cfg else 1
-        if self.static is not None:
-            return RaggedBatch(None, slots, rows, ran=[False] * slots)
-        decoder = self.decoder()
-        cache = RaggedCache(decoder.config, slots * rows, 0, decoder.dtype, decoder.device)
-        return RaggedBatch(cache, slots, rows, ran=[False] * slots)
-
-    def _static_cache(self, rows: int, prompt_len: int) -> RaggedCache:
-        """The fixed cache of ``rows`` rows, ``engine.max_cache_len`` entries (else sized for ``prompt_len``),
-        emptied; the previous one when it has this shape."""
-        capacity = self.static.cache_len_for(prompt_len)
-        cache = self.fixed_cache
-        if cache is None or (cache.rows, cache.capacity) != (rows, capacity):
-            self.fixed_cache = None  # free the old buffers first
-            decoder = self.decoder()
-            cache = RaggedCache(decoder.config, rows, capacity, decoder.dtype, decoder.device, fixed=True)
-            self.fixed_cache = cache
-        cache.reset(slice(0, rows))
-        return cache
-
     @torch.no_grad()
-    def prefill_slot(self, state: Any, slot: int, prompt: str) -> None:
+    def prefill(self, slot: int, prompt: str) -> None:
         """(Re)start ``slot``: each row holds every token of its own prompt but the last, kept as the row's first
         anchor. Rows of different prompt lengths prefill in one forward, right-padded to the longest (the
         padding lands past each row's length and is rolled back); a row with an empty prompt gets a placeholder
-        anchor that no query sees (``RaggedCache.reset``), whose prediction :meth:`forward_batch` replaces.
+        anchor that no query sees (``RaggedCache.reset``), whose prediction :meth:`forward` replaces.
 
-        Eager path: the cache grows (other rows keep their entries) when the prompt plus the image body and a
-        window reserve do not fit (``csd.fast.default_cache_len``). Static path: the batch's first prompt
-        picks the fixed capacity (``engine.max_cache_len`` when set); a later prompt must fit it.
+        Eager: the cache grows (other rows keep their entries) when the prompt plus the image body and a window
+        reserve do not fit (:func:`default_cache_len`). Compiled: the batch's first prompt picks the fixed capacity
+        (``engine.max_cache_len`` when set); a later prompt must fit it.
         """
-        if not isinstance(state, RaggedBatch):
-            return super().prefill_slot(state, slot, prompt)
-        rows = state.slot_rows(slot)
-        inputs = list(self.prompt_inputs(prompt))
+        rows = self.slot_rows(slot)
+        inputs = list(self.adapter.prompt_inputs(prompt))
         lengths = [row.shape[0] for row in inputs]
-        prompt_len, body_len = max(lengths) - 1, self.layout.length
-        if self.static is None:
-            state.cache.grow(default_cache_len(prompt_len, body_len))
+        prompt_len, body_len = max(lengths) - 1, self.adapter.layout.length
+        if self.compiled is None:
+            self.cache.grow(default_cache_len(prompt_len, body_len))
         else:
-            if state.cache is None:
-                state.cache = self._static_cache(state.slots * state.rows, prompt_len)
-            if prompt_len + body_len > state.cache.capacity:
+            if self.cache is None:
+                self.cache = self.compiled.fixed_cache(self.slots * self.rows, prompt_len)
+            if prompt_len + body_len > self.cache.capacity:
                 raise ValueError(
-                    f"a prompt of {prompt_len} cache entries plus a body of {body_len} does not fit the batched "
-                    f"cache of {state.cache.capacity} entries; raise engine.max_cache_len"
+                    f"a prompt of {prompt_len} cache entries plus a body of {body_len} does not fit the compiled "
+                    f"cache of {self.cache.capacity} entries; raise engine.max_cache_len"
                 )
         tails = torch.stack([row[-1] if n else row.new_zeros(row.shape[1:]) for row, n in zip(inputs, lengths, strict=True)])
-        if state.prompt_tail is None:
-            state.prompt_tail = tails.new_zeros((state.cache.rows, 1, *tails.shape[1:]))
-            state.no_prompt = [False] * state.cache.rows
-        state.prompt_tail[rows] = tails.unsqueeze(1)
-        state.no_prompt[rows] = [n == 0 for n in lengths]
-        state.cache.reset(rows, state.no_prompt[rows])
+        if self.prompt_tail is None:
+            self.prompt_tail = tails.new_zeros((self.cache.rows, 1, *tails.shape[1:]))
+            self.no_prompt = [False] * self.cache.rows
+        self.prompt_tail[rows] = tails.unsqueeze(1)
+        self.no_prompt[rows] = [n == 0 for n in lengths]
+        self.cache.reset(rows, self.no_prompt[rows])
         if prompt_len > 0:
             body = torch.nn.utils.rnn.pad_sequence([row[:-1] for row in inputs], batch_first=True)
-            position_ids, mask = state.cache.extend(rows, prompt_len, [n > 0 for n in lengths])
-            self.decode_step(body, state.cache, position_ids, mask)
-            padding = [0] * state.cache.rows
+            position_ids, mask = self.cache.extend(rows, prompt_len, [n > 0 for n in lengths])
+            self.adapter.decode_step(body, self.cache, position_ids, mask)
+            padding = [0] * self.cache.rows
             padding[rows] = [prompt_len + 1 - n if n else 0 for n in lengths]
             if any(padding):
-                state.cache.rollback(padding)
-
-    @property
-    def tree_attention(self) -> bool:
-        """Tree windows (``forward_batch(tree=...)``, :meth:`keep_batch`) run on the eager cache."""
-        return self.static is None
+                self.cache.rollback(padding)
 
     @torch.no_grad()
-    def forward_batch(self, state: Any, ids: torch.Tensor, from_prompt: Sequence[bool],
-                      active: Sequence[bool], tree: TreeMask | None = None) -> torch.Tensor:
-        """One forward of every slot's window ``ids [B, K]``: raw logits ``[B, rows, K, V]``, row for row those
-        of the single-context ``forward`` (column 0 is the anchor; the prompt tail where ``from_prompt``).
-        Inactive slots' caches do not advance and their logits are meaningless. A row with an empty prompt
-        has no context for its placeholder anchor's prediction: that column is the slot's first row's (under
-        CFG: the prediction is unguided). ``tree``: every slot's window is that tree (``RaggedCache.extend``)."""
-        if not isinstance(state, RaggedBatch) or (tree is not None and self.static is not None):
-            return super().forward_batch(state, ids, from_prompt, active, tree)
+    def forward(self, ids: torch.Tensor, from_prompt: Sequence[bool], active: Sequence[bool],
+                tree: TreeMask | None = None) -> torch.Tensor:
+        """One forward of every slot's window ``ids [B, K]`` (column 0 the anchor; the prompt's last token where
+        ``from_prompt``): raw logits ``[B, rows, K, V]``, row for row those of :func:`reference_logits`. Inactive
+        slots' caches do not advance and their logits are meaningless. A row with an empty prompt has no context for
+        its placeholder anchor's prediction: that column is the slot's first row's (under CFG: the prediction is
+        unguided). ``tree``: every slot's window is that tree (``RaggedCache.extend``; eager only)."""
         slots, k = ids.shape
-        if slots != state.slots or state.prompt_tail is None:
-            raise ValueError(f"forward_batch needs ids for all {state.slots} slots after a prefill, got {slots}")
-        rows = state.rows
-        inputs = self.body_inputs(ids.to(state.cache.device).repeat_interleave(rows, dim=0))
+        if slots != self.slots or self.prompt_tail is None:
+            raise ValueError(f"forward needs ids for all {self.slots} slots after a prefill, got {slots}")
+        if tree is not None and not self.tree_attention:
+            raise ValueError("tree windows run on the eager cache: engine.compile must be false")
+        rows = self.rows
+        inputs = self.adapter.body_inputs(ids.to(self.cache.device).repeat_interleave(rows, dim=0))
         anchors = to_device(from_prompt, inputs.device, torch.bool).repeat_interleave(rows)
         anchors = anchors.view(-1, *[1] * (inputs.dim() - 1))
-        inputs[:, :1] = torch.where(anchors, state.prompt_tail, inputs[:, :1])
+        inputs[:, :1] = torch.where(anchors, self.prompt_tail, inputs[:, :1])
         advance = [a for a in active for _ in range(rows)]
         if tree is not None:  # a tree's nodes may reach past the body by its siblings: room beyond the reserve
-            state.cache.grow(max(state.cache.filled) + k)
-        position_ids, mask = state.cache.extend(slice(0, state.cache.rows), k, advance, tree)
-        state.ran = list(active)
-        if self.static is None:
-            logits = self.decode_step(inputs, state.cache, position_ids, mask)
+            self.cache.grow(max(self.cache.filled) + k)
+        position_ids, mask = self.cache.extend(slice(0, self.cache.rows), k, advance, tree)
+        self.ran = list(active)
+        if self.compiled is None:
+            logits = self.adapter.decode_step(inputs, self.cache, position_ids, mask)
         else:  # the compiled step: one graph per window length K (1 or the engine's padded L)
-            logits = self.static.call(inputs.contiguous(), state.cache, position_ids, mask)
+            logits = self.compiled(inputs.contiguous(), self.cache, position_ids, mask)
         logits = logits.view(slots, rows, k, -1)
-        blind = [first and empty for first, row in zip(from_prompt, range(0, state.cache.rows, rows), strict=True)
-                 for empty in state.no_prompt[row : row + rows]]
+        blind = [first and empty for first, row in zip(from_prompt, range(0, self.cache.rows, rows), strict=True)
+                 for empty in self.no_prompt[row : row + rows]]
         if any(blind):
             blind = to_device(blind, logits.device, torch.bool).view(slots, rows, 1, 1)
             logits = torch.cat([torch.where(blind, logits[:, :1, :1], logits[:, :, :1]), logits[:, :, 1:]], dim=2)
         return logits
 
-    def keep_batch(self, state: Any, q: int, keep: Sequence[Sequence[int]]) -> None:
+    def keep(self, q: int, keep: Sequence[Sequence[int]]) -> None:
         """After a tree forward of ``q`` entries, for each slot it advanced: keep the entries ``keep[b]`` (window
         indices: the root and the accepted path) at the front of its window and drop the rest."""
-        if not isinstance(state, RaggedBatch):
-            return super().keep_batch(state, q, keep)
-        for slot, (nodes, ran) in enumerate(zip(keep, state.ran, strict=True)):
+        for slot, (nodes, ran) in enumerate(zip(keep, self.ran, strict=True)):
             if ran:
-                rows = state.slot_rows(slot)
-                state.cache.compact(range(rows.start, rows.stop), q, nodes)
+                rows = self.slot_rows(slot)
+                self.cache.compact(range(rows.start, rows.stop), q, nodes)
 
-    def rollback_batch(self, state: Any, n: Sequence[int]) -> None:
+    def rollback(self, n: Sequence[int]) -> None:
         """Drop the last ``n[b]`` entries of every row of slot ``b``, for each slot the last forward advanced."""
-        if not isinstance(state, RaggedBatch):
-            return super().rollback_batch(state, n)
-        if len(n) != state.slots:
-            raise ValueError(f"rollback_batch needs one count per slot ({state.slots}), got {len(n)}")
-        state.cache.rollback([int(k) * ran for k, ran in zip(n, state.ran, strict=True) for _ in range(state.rows)])
+        if len(n) != self.slots:
+            raise ValueError(f"rollback needs one count per slot ({self.slots}), got {len(n)}")
+        self.cache.rollback([int(k) * ran for k, ran in zip(n, self.ran, strict=True) for _ in range(self.rows)])
+
+
+@torch.no_grad()
+def reference_logits(adapter: ModelAdapter, prompt: str, ids: torch.Tensor) -> torch.Tensor:
+    """The oracle of :meth:`SlotBatch.forward`: the raw logits ``[rows, K + 1, V]`` after ``prompt`` of the body ids
+    ``ids [K]`` (column ``j`` predicts the token after ``ids[:j]``), one full-sequence forward per CFG row, no cache.
+
+    A row with an empty prompt sees only the body (positions from 0); the prediction of its first token, which has
+    no context, is the first row's, as :meth:`SlotBatch.forward` defines it.
+    """
+    prompt_rows = list(adapter.prompt_inputs(prompt))
+    body = adapter.body_inputs(ids.to(adapter.device).view(1, -1))[0]
+    out = []
+    for row in prompt_rows:
+        sequence = torch.cat([row, body]).unsqueeze(0)
+        n = sequence.shape[1]
+        if n:
+            logits = adapter.decode_step(sequence, None, torch.arange(n, device=adapter.device)[None], None)[0]
+        if row.shape[0] == 0:  # no prompt: the first prediction is the first row's, then the body's own
+            logits = torch.cat([out[0][:1], logits]) if n else out[0][:1]
+        out.append(logits[-(ids.numel() + 1):])
+    return torch.stack(out)

@@ -31,6 +31,7 @@ from csd.config import (
     build_adapter,
     build_drafter,
     build_rule,
+    compiled_step,
     load_prompts,
     move_drafter_keys,
     resolve_device,
@@ -151,16 +152,18 @@ class Calibrator:
                          for s in range(cfg.dataset.samples_per_prompt)]
         self.keys = [(p.prompt_id, s) for p in prompts for s in range(cfg.dataset.samples_per_prompt)]
         self._adapter = None
+        self._compiled = None
 
     def compression(self, setup: DictConfig) -> float:
         """Mean per-image step compression (tokens / NFE), the definition of ``metrics.json``'s ``step_compression``."""
         from csd.engine import JacobiEngine, Request
 
         if self._adapter is None:
-            self._adapter = build_adapter(self.cfg.model, resolve_device(self.cfg.device), self.cfg.engine)
+            self._adapter = build_adapter(self.cfg.model, resolve_device(self.cfg.device))
+            self._compiled = compiled_step(self._adapter, self.cfg.engine)
         move_drafter_keys(setup)
         engine = JacobiEngine(self._adapter, build_rule(setup.method), build_drafter(setup.drafter),
-                              batch_size=self.cfg.engine.batch_size, pad_window=self.cfg.engine.compile)
+                              batch_size=self.cfg.engine.batch_size, compiled=self._compiled)
         gens = [gen for _, gen in engine.generate_many(Request(text, seed) for text, seed in self.requests)]
         return float(np.mean([g.step_compression for g in gens]))
 

@@ -1,4 +1,4 @@
-"""Latency benchmark of the decoding paths (docs/PERFORMANCE.md): eager DynamicCache, eager StaticCache, compiled.
+"""Latency benchmark of the decoding paths (docs/PERFORMANCE.md): eager and compiled, both on the one ragged cache.
 
 Measures, for one Janus-Pro model config:
 
@@ -45,9 +45,12 @@ from csd.acceptance import CSD, SJD, AcceptanceRule, entropy
 from csd.adapters.base import SamplingConfig
 from csd.adapters.janus import JanusAdapter, load_janus_adapter, tiny_janus_adapter
 from csd.config import CONF_DIR, resolve_device
+from csd.device import synchronize
 from csd.drafters import ChainDrafter
-from csd.engine import JacobiEngine, synchronize
+from csd.engine import JacobiEngine
+from csd.fast import CompiledStep
 from csd.hub import load_local_first
+from csd.ragged import SlotBatch
 from csd.verify import verify_window
 
 #: where results go without ``--out``: untracked, so a benchmark never overwrites the committed ``results/bench/``
@@ -62,7 +65,6 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 #: synthetic prompt ids: BOS, pad and BOI, then caption bytes from SYNTH_BYTE0
 SYNTH_BOS, SYNTH_PAD, SYNTH_BOI, SYNTH_BYTE0 = 1, 0, 2, 3
 CAPTION = "a photo of a red fox sitting in the snow next to a wooden cabin, golden hour light, "
-PATHS = {"dynamic": ("dynamic", False), "static": ("static", False), "compiled": ("static", True)}
 
 
 # ------------------------------------------------------------------------------------------- models
@@ -184,8 +186,10 @@ def summary_ms(seconds: list[float]) -> dict[str, float]:
 
 
 @torch.no_grad()
-def step_times(adapter: JanusAdapter, prompt: str, window: int, warmup: int, steps: int) -> dict[str, Any]:
-    """Per-step time of ``q = 1`` and ``q = window`` forwards after a full image of cache entries.
+def step_times(adapter: JanusAdapter, compiled: CompiledStep | None, prompt: str, window: int, warmup: int,
+               steps: int) -> dict[str, Any]:
+    """Per-step time of ``q = 1`` and ``q = window`` forwards after a full image of cache entries, on the engine's
+    cache (``csd.ragged.SlotBatch`` of one slot).
 
     The cache is filled with ``window``-row forwards only (the compiled path's two shapes); each timed
     forward is rolled back, so every step sees the same cache length. The first call of each shape
@@ -196,29 +200,33 @@ def step_times(adapter: JanusAdapter, prompt: str, window: int, warmup: int, ste
     ids = adapter.image_token_ids.to(device)[
         torch.randint(adapter.vocab_size, (window,), generator=gen, device=device)
     ]
-    ctx = adapter.prefill(prompt)
-    first_l = timed(lambda: adapter.forward(ctx, ids[1:], with_prompt_tail=True), device)
-    first_1 = timed(lambda: adapter.forward(ctx, ids[:1]), device)
+    batch = SlotBatch(adapter, 1, compiled)
+    batch.prefill(0, prompt)
+
+    def forward(q: int, from_prompt: bool = False) -> torch.Tensor:
+        return batch.forward(ids[:q].unsqueeze(0), [from_prompt], [True])
+
+    first_l = timed(lambda: forward(window, from_prompt=True), device)
+    first_1 = timed(lambda: forward(1), device)
     filled = window + 1
     while filled + window <= adapter.layout.length:
-        adapter.forward(ctx, ids)
+        forward(window)
         filled += window
     out: dict[str, Any] = {"cached_body_tokens": filled}
     for q, first in ((1, first_1), (window, first_l)):
         times = []
         for i in range(warmup + steps):
-            dt = timed(lambda q=q: (adapter.forward(ctx, ids[:q]), adapter.rollback(ctx, q)), device)
+            dt = timed(lambda q=q: (forward(q), batch.rollback([q])), device)
             if i >= warmup:
                 times.append(dt)
         out[f"q{q}"] = {**summary_ms(times), "first_call_s": first}
     return out
 
 
-def engine_times(
-    adapter: JanusAdapter, rule: AcceptanceRule, window: int, prompt: str, images: int, warmup: int, pad: bool
-) -> dict[str, Any]:
+def engine_times(adapter: JanusAdapter, compiled: CompiledStep | None, rule: AcceptanceRule, window: int, prompt: str,
+                 images: int, warmup: int) -> dict[str, Any]:
     """Full-image decoding with the engine: latency, iterations (NFE) and time per iteration."""
-    engine = JacobiEngine(adapter, rule, ChainDrafter(window=window), pad_window=pad)
+    engine = JacobiEngine(adapter, rule, ChainDrafter(window=window), compiled=compiled)
     for seed in range(warmup):
         engine.generate(prompt, seed=10_000 + seed)
     gens = [engine.generate(prompt, seed=seed) for seed in range(images)]
@@ -341,7 +349,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--eager-images",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="full AR images on the eager paths too (7B on an H200: ~65 s)",
+        help="full AR images on the eager path too (7B on an H200: ~65 s)",
     )
     p.add_argument("--lam", type=float, default=0.1)
     p.add_argument("--delta", type=float, default=0.5)
@@ -353,22 +361,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def build_paths(base: JanusAdapter, args: argparse.Namespace, max_cache_len: int) -> dict[str, JanusAdapter]:
-    """The eager adapter plus static-cache ones (eager, compiled) sharing its model, all with one cache length."""
-    special = (base.bos_id, base.pad_id, base.boi_id)
-    paths = {"dynamic": base}
-    for name in ("static",) if args.no_compile else ("static", "compiled"):
-        cache, compiled = PATHS[name]
-        paths[name] = JanusAdapter(
-            base.model,
-            base.encode,
-            special,
-            base.sampling,
-            cache=cache,
-            compile=compiled,
-            max_cache_len=max_cache_len,
-            compile_backend=args.compile_backend,
-        )
+def build_paths(base: JanusAdapter, args: argparse.Namespace, max_cache_len: int) -> dict[str, CompiledStep | None]:
+    """The decoding paths: eager (None) and compiled (one cache length for every use)."""
+    paths: dict[str, CompiledStep | None] = {"eager": None}
+    if not args.no_compile:
+        paths["compiled"] = CompiledStep(base, max_cache_len, args.compile_backend)
     return paths
 
 
@@ -416,24 +413,24 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "floor_ms": 1e3 * weight_bytes / rate,
     }
     res["paths"] = {}
-    for name, adapter in paths.items():
+    for name, compiled in paths.items():
         stage(f"steps: {name}")
-        res["paths"][name] = {"steps": step_times(adapter, prompt, args.window, args.warmup, args.steps)}
-    res["meta"]["steps"]["cached"] = res["paths"]["dynamic"]["steps"]["cached_body_tokens"]
+        res["paths"][name] = {"steps": step_times(base, compiled, prompt, args.window, args.warmup, args.steps)}
+    res["meta"]["steps"]["cached"] = res["paths"]["eager"]["steps"]["cached_body_tokens"]
 
-    fastest = "static" if args.no_compile else "compiled"
-    for name, adapter in paths.items():
+    fastest = "eager" if args.no_compile else "compiled"
+    for name, compiled in paths.items():
         if name == fastest or args.eager_images:
             stage(f"AR image: {name}")
             warmup = 1 if name == "compiled" else 0
-            res["paths"][name]["ar"] = engine_times(adapter, SJD(), 1, prompt, args.images, warmup, pad=True)
+            res["paths"][name]["ar"] = engine_times(base, compiled, SJD(), 1, prompt, args.images, warmup)
 
     rules = {"sjd": SJD(), "csd": CSD(lam=args.lam, delta=args.delta)}
     step_ms = res["paths"][fastest]["steps"][f"q{args.window}"]["median_ms"]
     res["speculative"] = {"path": fastest}
     for name, rule in rules.items():
         stage(f"{name}: {fastest}")
-        r = engine_times(paths[fastest], rule, args.window, prompt, args.images, 1, pad=True)
+        r = engine_times(base, paths[fastest], rule, args.window, prompt, args.images, 1)
         res["speculative"][name] = {**r, "outside_forward_ms": r["ms_per_iteration"] - step_ms}
 
     stage("verify_window")

@@ -40,8 +40,9 @@ from csd.acceptance import CSD, SJD, AcceptanceRule
 from csd.adapters.base import ModelAdapter, SamplingConfig
 from csd.adapters.janus import JanusAdapter
 from csd.config import CONF_DIR, build_adapter, resolve_device
+from csd.device import synchronize
 from csd.drafters import ChainDrafter
-from csd.engine import JacobiEngine, Request, synchronize
+from csd.engine import JacobiEngine, Request
 from csd.toy.domain import toy_prompts
 from experiments.bench_latency import (
     CAPTION,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,12 +16,13 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from scipy import stats  # noqa: E402
 
-from csd.adapters.base import DecodeContext, ModelAdapter  # noqa: E402
+from csd.adapters.base import ModelAdapter  # noqa: E402
 from csd.adapters.emu3 import Emu3Adapter, tiny_emu3_adapter  # noqa: E402
 from csd.adapters.janus import JanusAdapter, tiny_janus_adapter  # noqa: E402
 from csd.adapters.lumina import LuminaAdapter, tiny_lumina_adapter  # noqa: E402
 from csd.engine import JacobiEngine  # noqa: E402
 from csd.processors import TargetPipeline  # noqa: E402
+from csd.ragged import SlotBatch, reference_logits  # noqa: E402
 from csd.tree import Tree  # noqa: E402
 
 # --------------------------------------------------------------------------- tiny models that reject drafts
@@ -60,15 +61,12 @@ def exact_sequence_distribution(adapter: ModelAdapter, prompt: str) -> dict[tupl
     layout = adapter.layout
     free = (layout.forced_ids < 0).tolist()
     n_free = sum(free)
-    ctx = adapter.prefill(prompt)
     out = {}
     for combo in itertools.product(range(adapter.vocab_size), repeat=n_free):
         it = iter(combo)
         idx = [next(it) if f else 0 for f in free]
         ids = torch.where(layout.forced_ids >= 0, layout.forced_ids, adapter.image_token_ids[torch.tensor(idx)])
-        raw = adapter.forward(ctx, ids[:-1].to(adapter.device), with_prompt_tail=True)
-        adapter.rollback(ctx, layout.length)
-        q = pipeline(raw)
+        q = pipeline(reference_logits(adapter, prompt, ids[:-1]))  # no cache: the full sequence of each CFG row
         prob = 1.0
         for pos, is_free in enumerate(free):
             if is_free:
@@ -137,30 +135,83 @@ def host_reads_per_batched_run(engine, requests, monkeypatch) -> tuple[int, int]
 
 
 @contextlib.contextmanager
-def active_slots_per_forward(adapter: ModelAdapter) -> Iterator[list[int]]:
-    """The number of active slots of every ``adapter.forward_batch`` call made inside the block."""
+def active_slots_per_forward() -> Iterator[list[int]]:
+    """The number of active slots of every ``SlotBatch.forward`` call made inside the block."""
     calls: list[int] = []
-    forward = adapter.forward_batch
+    forward = SlotBatch.forward
 
-    def counting(state, ids, from_prompt, active, **kwargs):
+    def counting(self, ids, from_prompt, active, **kwargs):
         calls.append(sum(active))
-        return forward(state, ids, from_prompt, active, **kwargs)
+        return forward(self, ids, from_prompt, active, **kwargs)
 
-    adapter.forward_batch = counting
+    SlotBatch.forward = counting
     try:
         yield calls
     finally:
-        del adapter.forward_batch
+        SlotBatch.forward = forward
 
 
-def prefilled_batch(adapter: ModelAdapter, prompts: list[str] | tuple[str, ...]) -> tuple[Any, list[DecodeContext]]:
-    """A batch state with ``prompts[i]`` prefilled into slot ``i``, and each prompt's single-context prefill."""
-    state = adapter.start_batch(len(prompts))
-    contexts = []
+class OneImage:
+    """One image on the engine's cache (a :class:`SlotBatch` of one slot) with the calls the tests make:
+    ``forward(ids, with_prompt_tail)`` (raw logits ``[rows, K(+1), V]``; with the tail, the prompt's last token
+    is prepended as the anchor) and ``rollback(n)``."""
+
+    def __init__(self, adapter: ModelAdapter, prompt: str, compiled=None) -> None:
+        self.adapter = adapter
+        self.batch = SlotBatch(adapter, 1, compiled)
+        self.batch.prefill(0, prompt)
+
+    def forward(self, ids: torch.Tensor, with_prompt_tail: bool = False) -> torch.Tensor:
+        ids = ids.to(self.adapter.device).view(-1)
+        if with_prompt_tail:  # column 0 stands for the anchor, which the batch replaces by the prompt's last token
+            ids = torch.cat([self.adapter.image_token_ids[:1].to(ids.device), ids])
+        return self.batch.forward(ids.unsqueeze(0), [with_prompt_tail], [True])[0]
+
+    def rollback(self, n: int) -> None:
+        self.batch.rollback([n])
+
+
+def prefilled_batch(adapter: ModelAdapter, prompts: list[str] | tuple[str, ...]) -> SlotBatch:
+    """A batch with ``prompts[i]`` prefilled into slot ``i``."""
+    batch = SlotBatch(adapter, len(prompts))
     for slot, prompt in enumerate(prompts):
-        adapter.prefill_slot(state, slot, prompt)
-        contexts.append(adapter.prefill(prompt))
-    return state, contexts
+        batch.prefill(slot, prompt)
+    return batch
+
+
+def check_windows_against_reference(adapter: ModelAdapter, prompts: Sequence[str], refill: str, seed: int = 0,
+                                    **tolerance: float) -> bool:
+    """Drive a 3-slot :class:`SlotBatch` as the engine does and compare every slot's logits, all columns, with the
+    no-cache forward of its prompt and kept entries (``reference_logits``): windows of different lengths (shrinking
+    as at the end of an image, a first window of one token), random rollbacks, slot 2 refilled with ``refill`` before
+    step 3, slot 1 inactive at step 4 (its output ignored, its cache not advanced). Returns whether the refill grew
+    the cache."""
+    gen = torch.Generator().manual_seed(seed)
+    prompts = list(prompts[:3])
+    batch = prefilled_batch(adapter, prompts)
+    kept: list[list[torch.Tensor]] = [[], [], []]  # per slot: the body ids its cache holds after the prompt
+    from_prompt = [True] * 3
+    for step, k in enumerate((4, 4, 3, 4, 1, 4)):
+        if step == 3:
+            prompts[2], capacity = refill, batch.cache.capacity
+            batch.prefill(2, refill)
+            grew = batch.cache.capacity > capacity
+            kept[2], from_prompt[2] = [], True
+        active = [True, step != 4, True]
+        ids = adapter.image_token_ids[torch.randint(0, adapter.vocab_size, (3, k), generator=gen)]
+        logits = batch.forward(ids, from_prompt, active)
+        assert logits.shape[:3] == (3, 2 if adapter.uses_cfg else 1, k)
+        # rollback: at most the window's drafts on a first window (the engine always commits its anchor)
+        n = [int(torch.randint(0, k + (not first), (), generator=gen)) for first in from_prompt]
+        for slot in range(3):
+            if active[slot]:
+                window = ids[slot, 1:] if from_prompt[slot] else ids[slot]
+                ref = reference_logits(adapter, prompts[slot], torch.cat([*kept[slot], window]))[:, -k:]
+                torch.testing.assert_close(logits[slot], ref, **tolerance)
+                kept[slot].append(window[: k - n[slot] - from_prompt[slot]])
+                from_prompt[slot] = False
+        batch.rollback(n)
+    return grew
 
 
 @dataclass

@@ -12,26 +12,22 @@ stops exercising rejection fails the test instead of silently weakening it.
 
 from __future__ import annotations
 
-import copy
-import types
 from collections import Counter
 
 import pytest
-import torch
 
 from baselines.gsd import GSD
 from csd.acceptance import CSD, SJD
-from csd.adapters.base import ModelAdapter
 from csd.drafters import ChainDrafter
 from csd.engine import JacobiEngine, Request
 from tests.helpers import (
     DecodeCounts,
     active_slots_per_forward,
+    check_windows_against_reference,
     chi_square_pvalue,
     decode_counts,
     exact_sequence_distribution,
     host_reads_per_batched_run,
-    prefilled_batch,
     rejecting_emu3,
     rejecting_janus,
     rejecting_lumina,
@@ -111,7 +107,7 @@ def test_generate_is_a_batch_of_one(janus):
 def test_refill_keeps_every_slot_busy(janus):
     """5 images through 2 slots: finished rows are refilled, the last partly empty batch finishes."""
     engine = JacobiEngine(janus, SJD(), ChainDrafter(window=5), batch_size=2)
-    with active_slots_per_forward(janus) as calls:
+    with active_slots_per_forward() as calls:
         done = [req.key for req, _ in engine.generate_many(requests(5))]
     assert sorted(done) == list(range(5))
     assert calls.count(2) > calls.count(1) > 0  # full batches until the tail, then one row
@@ -153,80 +149,46 @@ def test_one_host_sync_per_batched_iteration(janus, monkeypatch):
 
 #: tiny models with forced structural tokens (Lumina's AR tail too); CFG rows of different prompt lengths:
 #: Lumina's unconditional row is empty, Emu3's negative prompt ("blurry") is shorter or longer than the caption
-PADDED = {
+CFG_ROWS = {
     "lumina": lambda scale: rejecting_lumina(grid=(3, 4), jacobi_tail=3, guidance_scale=scale),
     "emu3": lambda scale: rejecting_emu3(grid=(2, 3), guidance_scale=scale),
 }
 
 
-def per_slot(adapter: ModelAdapter) -> ModelAdapter:
-    """The adapter with the default batch API of ``ModelAdapter``: one single-context forward per slot."""
-    clone = copy.copy(adapter)
-    for name in ("start_batch", "prefill_slot", "forward_batch", "rollback_batch"):
-        setattr(clone, name, types.MethodType(getattr(ModelAdapter, name), clone))
-    return clone
-
-
 @pytest.mark.parametrize("cfg", [True, False], ids=["cfg", "no_cfg"])
-@pytest.mark.parametrize("model", list(PADDED))
-def test_padded_cfg_batched_logits_match_single_contexts(model, cfg):
-    """Every slot's logits on the ragged cache equal its single-context (left-padded) forward's, all columns:
-    windows of different lengths, a refill that grows the cache, a first window of one token, an inactive slot
-    whose first window is postponed."""
-    adapter = PADDED[model](3.0 if cfg else 1.0)
-    gen = torch.Generator().manual_seed(0)
-    state, contexts = prefilled_batch(adapter, PROMPTS[:3])
-    refills = {3: (2, "a long caption " * 14), 4: (0, PROMPTS[3])}
-    from_prompt = [True] * 3
-    for step, k in enumerate((4, 4, 3, 1, 4, 2)):
-        if step in refills:
-            slot, prompt = refills[step]
-            capacity = state.cache.capacity
-            adapter.prefill_slot(state, slot, prompt)
-            assert (state.cache.capacity > capacity) == (step == 3)
-            contexts[slot] = adapter.prefill(prompt)
-            from_prompt[slot] = True
-        active = [step != 4, True, True]
-        ids = adapter.image_token_ids[torch.randint(0, adapter.vocab_size, (3, k), generator=gen)]
-        logits = adapter.forward_batch(state, ids, from_prompt, active)
-        assert logits.shape[:3] == (3, 2 if cfg else 1, k)
-        # rollback: at most the window's drafts on a first window (the engine always commits its anchor)
-        n = [int(torch.randint(0, k + (not first), (), generator=gen)) for first in from_prompt]
-        for slot in range(3):
-            if active[slot]:
-                ref = adapter.forward(contexts[slot], ids[slot, 1:], with_prompt_tail=True) if from_prompt[slot] \
-                    else adapter.forward(contexts[slot], ids[slot])
-                torch.testing.assert_close(logits[slot], ref, rtol=1e-5, atol=1e-5)
-                adapter.rollback(contexts[slot], n[slot])
-                from_prompt[slot] = False
-        adapter.rollback_batch(state, n)
+@pytest.mark.parametrize("model", list(CFG_ROWS))
+def test_cfg_rows_batched_logits_match_the_reference(model, cfg):
+    """Every slot's logits on the ragged cache equal the no-cache forward of its prompt and kept entries; the refill
+    (a longer prompt) grows the cache."""
+    adapter = CFG_ROWS[model](3.0 if cfg else 1.0)
+    assert check_windows_against_reference(adapter, PROMPTS[:3], "a long caption " * 14, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("case", ["ar", "sjd", "csd"])
-@pytest.mark.parametrize("model", list(PADDED))
-def test_padded_cfg_batched_tokens_equal_per_slot_batch_one(model, case):
+@pytest.mark.parametrize("model", list(CFG_ROWS))
+def test_cfg_rows_batched_tokens_equal_batch_one(model, case):
     """fp32: 7 requests of four prompt lengths through 3 or 4 slots (continuous refill) give the tokens, NFE,
-    stats and commit maps of batch 1 on the ragged cache and of the single-context path, one slot at a time."""
-    adapter = PADDED[model](3.0)
+    stats and commit maps of batch 1."""
+    adapter = CFG_ROWS[model](3.0)
     reqs = requests(7)
-    single, _ = decode(per_slot(adapter), 1, reqs, **dict(CASES[case]))
-    for batch_size in (1, 3, 4):
+    single, _ = decode(adapter, 1, reqs, **dict(CASES[case]))
+    for batch_size in (3, 4):
         batched, counts = decode(adapter, batch_size, reqs, **dict(CASES[case]))
         assert batched == single, batch_size
         # measured (7 images): Lumina 42 rejections, 23 carried (CSD 29, 3); Emu3 21, 10 (CSD 12, 2)
         assert_exercised(counts, {"sjd": (10, 4), "csd": (6, 1)}.get(case), batched=batch_size > 1)
 
 
-@pytest.mark.parametrize("model", list(PADDED))
-def test_padded_cfg_one_forward_per_iteration(model):
+@pytest.mark.parametrize("model", list(CFG_ROWS))
+def test_cfg_rows_one_forward_per_iteration(model):
     """6 images through 3 slots: the model runs once per engine iteration for every slot's CFG rows, plus one
     prefill per image; a per-slot loop would need one forward per image and iteration."""
-    adapter = PADDED[model](3.0)
+    adapter = CFG_ROWS[model](3.0)
     rows = []
     hook = adapter.base.register_forward_hook(lambda module, args, kwargs, out: rows.append(kwargs["input_ids"].shape[0]),
                                               with_kwargs=True)
     try:
-        with active_slots_per_forward(adapter) as iterations:
+        with active_slots_per_forward() as iterations:
             nfe = [gen.nfe for _, gen in JacobiEngine(adapter, SJD(), ChainDrafter(window=4), batch_size=3).generate_many(requests(6))]
     finally:
         hook.remove()

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 from omegaconf import open_dict
 
-from csd.adapters.toy import load_toy_adapter
-from csd.config import ConfigError, build_adapter, validate
+from csd.config import ConfigError, validate
 from csd.engine import JacobiEngine
 from csd.evaluation.speed import speed_metrics
 from csd.pipeline import GenerationInterrupted, generate_run
+from csd.ragged import SlotBatch
 from csd.records import RECORDS_FILE, load_records
 from experiments import bench_throughput
 from tests.test_config import make_cfg
@@ -63,23 +63,18 @@ def batch1(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, int], di
 
 
 def test_batched_run_refills_and_matches_batch_1_with_a_latency_probe(tmp_path, monkeypatch, batch1):
-    calls: list[tuple[str, int]] = []  # (adapter method, its batch size / slot argument; -1 for forwards)
+    calls: list[tuple[str, int]] = []  # (SlotBatch method, its batch size / slot argument; -1 for forwards)
 
-    def spy(adapter, name: str, arg: int | None) -> None:
-        method = getattr(adapter, name)
+    def spy(name: str, label: str, arg: int | None) -> None:
+        method = getattr(SlotBatch, name)
 
-        def wrapper(*args, **kwargs):
-            calls.append((name, -1 if arg is None else args[arg]))
-            return method(*args, **kwargs)
+        def wrapper(self, *args, **kwargs):
+            calls.append((label, -1 if arg is None else args[arg]))
+            return method(self, *args, **kwargs)
 
-        monkeypatch.setattr(adapter, name, wrapper)
+        monkeypatch.setattr(SlotBatch, name, wrapper)
 
-    def spied_adapter(*args, **kwargs):
-        adapter = build_adapter(*args, **kwargs)
-        spy(adapter, "start_batch", 0), spy(adapter, "prefill_slot", 1), spy(adapter, "forward_batch", None)
-        return adapter
-
-    monkeypatch.setattr("csd.pipeline.build_adapter", spied_adapter)
+    spy("__init__", "start_batch", 1), spy("prefill", "prefill_slot", 0), spy("forward", "forward_batch", None)
     # 5 images through 2 slots: the rows that finish first take the next images, the last batch is half empty
     run_dir = generate_run(toy_cfg(tmp_path, 5, "engine.batch_size=2", "engine.latency_probe=2"))
     records = by_key(run_dir)
@@ -178,13 +173,9 @@ def test_bench_throughput_smoke(tmp_path):
     assert "| csd | 3 | 6 |" in (tmp_path / "throughput_janus_pro_tiny_cpu.md").read_text()
 
 
-def test_compiled_batched_run_with_a_latency_probe(tmp_path, monkeypatch, batch1):
-    def compiled_toy(model, device, engine):
-        assert engine.compile
-        return load_toy_adapter(device=str(device), cache="static", compile=True, compile_backend="aot_eager")
-
-    monkeypatch.setattr("csd.pipeline.build_adapter", compiled_toy)
-    cfg = toy_cfg(tmp_path, 3, "engine.compile=true", "engine.batch_size=2", "engine.latency_probe=1", "engine.warmup=1")
+def test_compiled_batched_run_with_a_latency_probe(tmp_path, batch1):
+    cfg = toy_cfg(tmp_path, 3, "engine.compile=true", "engine.compile_backend=aot_eager", "engine.batch_size=2",
+                  "engine.latency_probe=1", "engine.warmup=1")
     records = by_key(generate_run(cfg))
     assert list(records) == list(batch1)[:3]
     assert_same_images(records, batch1)

@@ -15,7 +15,7 @@ from csd.acceptance import CSD, SJD
 from csd.adapters.emu3 import Emu3Adapter, tiny_emu3_adapter
 from csd.drafters import ChainDrafter
 from csd.engine import JacobiEngine
-from tests.helpers import decode_counts, random_body, rejecting_emu3
+from tests.helpers import OneImage, decode_counts, random_body, rejecting_emu3
 
 PROMPT = "a red cube"
 
@@ -65,13 +65,13 @@ def test_window_logits_equal_step_by_step_and_rollback_is_exact():
     a = tiny_emu3_adapter(grid=(2, 3))
     body, other = random_body(a, 0), random_body(a, 1)
     with torch.no_grad():
-        window = a.forward(a.prefill(PROMPT), body[:6], with_prompt_tail=True)
-        ctx = a.prefill(PROMPT)
-        steps = [a.forward(ctx, body[:1], with_prompt_tail=True)] + [a.forward(ctx, body[j : j + 1]) for j in range(1, 6)]
+        window = OneImage(a, PROMPT).forward(body[:6], with_prompt_tail=True)
+        ctx = OneImage(a, PROMPT)
+        steps = [ctx.forward(body[:1], with_prompt_tail=True)] + [ctx.forward(body[j : j + 1]) for j in range(1, 6)]
         torch.testing.assert_close(window, torch.cat(steps, dim=1), rtol=1e-5, atol=1e-5)
-        a.rollback(ctx, 3)
-        resumed = a.forward(ctx, other[3:6])
-        fresh = a.forward(a.prefill(PROMPT), torch.cat([body[:3], other[3:6]]), with_prompt_tail=True)
+        ctx.rollback(3)
+        resumed = ctx.forward(other[3:6])
+        fresh = OneImage(a, PROMPT).forward(torch.cat([body[:3], other[3:6]]), with_prompt_tail=True)
     torch.testing.assert_close(resumed, fresh[:, -3:], rtol=1e-5, atol=1e-5)
 
 
@@ -82,7 +82,7 @@ def test_batched_cfg_equals_separate_passes(negative):
     body = random_body(a, 2)[:5]
     cond_prompt, neg_prompt = a.prompt_rows(PROMPT)
     with torch.no_grad():
-        rows = a.forward(a.prefill(PROMPT), body, with_prompt_tail=True)
+        rows = OneImage(a, PROMPT).forward(body, with_prompt_tail=True)
         cond = hf_logits(a, torch.cat([cond_prompt, body]))[cond_prompt.numel() - 1 :]
         uncond = hf_logits(a, torch.cat([neg_prompt, body]))[neg_prompt.numel() - 1 :]
     torch.testing.assert_close(rows[0], cond, rtol=1e-5, atol=1e-5)

@@ -16,8 +16,9 @@ from csd.acceptance import CSD, SJD
 from csd.adapters.janus import TINY_BOI, TINY_BOS, TINY_PAD, tiny_byte_encoder
 from csd.drafters import ChainDrafter
 from csd.engine import JacobiEngine
+from csd.fast import CompiledStep
 from csd.records import COMMIT_ACCEPTED, COMMIT_RELAXED, COMMIT_SAMPLED
-from tests.helpers import count_host_reads, decode_counts, rejecting_janus
+from tests.helpers import OneImage, count_host_reads, decode_counts, rejecting_janus
 
 PROMPT = "two red circles"
 
@@ -29,22 +30,22 @@ def adapter():
 
 def test_window_logits_equal_step_by_step(adapter):
     ids = torch.randint(16, (6,), generator=torch.Generator().manual_seed(0))
-    ctx = adapter.prefill(PROMPT)
-    window = adapter.forward(ctx, ids[:5], with_prompt_tail=True)
-    ctx = adapter.prefill(PROMPT)
-    steps = [adapter.forward(ctx, ids[:0], with_prompt_tail=True)]
-    steps += [adapter.forward(ctx, ids[i : i + 1]) for i in range(5)]
+    ctx = OneImage(adapter, PROMPT)
+    window = ctx.forward(ids[:5], with_prompt_tail=True)
+    ctx = OneImage(adapter, PROMPT)
+    steps = [ctx.forward(ids[:0], with_prompt_tail=True)]
+    steps += [ctx.forward(ids[i : i + 1]) for i in range(5)]
     assert window.shape == (2, 6, 16)
     torch.testing.assert_close(window, torch.cat(steps, dim=1), atol=1e-5, rtol=1e-5)
 
 
 def test_rollback_is_exact(adapter):
     ids = torch.arange(8) % 16
-    ctx = adapter.prefill(PROMPT)
-    first = adapter.forward(ctx, ids[:4], with_prompt_tail=True)
-    adapter.rollback(ctx, 3)  # keep the prompt tail and ids[0]
-    again = adapter.forward(ctx, ids[1:6])
-    assert ctx.cache.get_seq_length() == len(tiny_byte_encoder(PROMPT)) + 6
+    ctx = OneImage(adapter, PROMPT)
+    first = ctx.forward(ids[:4], with_prompt_tail=True)
+    ctx.rollback(3)  # keep the prompt tail and ids[0]
+    again = ctx.forward(ids[1:6])
+    assert ctx.batch.cache.filled == [len(tiny_byte_encoder(PROMPT)) + 6] * 2  # both CFG rows
     torch.testing.assert_close(again[:, :3], first[:, 2:5], atol=1e-5, rtol=1e-5)
 
 
@@ -109,8 +110,9 @@ def test_ar_is_window_one(adapter):
 
 
 def test_padded_window_gives_identical_tokens(adapter):
-    """The compiled path's fixed-shape windows (drafts padded to L) change nothing but the shapes."""
-    engine = JacobiEngine(adapter, SJD(), ChainDrafter(window=6), pad_window=True)
+    """The compiled path's fixed-shape windows (drafts padded to L, fixed cache; traced with the ``eager`` backend)
+    change nothing but the shapes."""
+    engine = JacobiEngine(adapter, SJD(), ChainDrafter(window=6), compiled=CompiledStep(adapter, backend="eager"))
     with decode_counts(engine) as exercised:
         for seed in range(3):
             ref = JacobiEngine(adapter, SJD(), ChainDrafter(window=6)).generate(PROMPT, seed=seed)

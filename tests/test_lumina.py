@@ -26,7 +26,7 @@ from csd.adapters.lumina import (
 )
 from csd.drafters import ChainDrafter
 from csd.engine import JacobiEngine
-from tests.helpers import DecodeCounts, decode_counts, random_body, rejecting_lumina
+from tests.helpers import DecodeCounts, OneImage, decode_counts, random_body, rejecting_lumina
 
 PROMPT = "a red cube"
 
@@ -89,11 +89,11 @@ def test_window_logits_equal_step_by_step():
     a = tiny_lumina_adapter(grid=(2, 3))
     body = random_body(a, 0)
     with torch.no_grad():
-        ctx = a.prefill(PROMPT)
-        window = a.forward(ctx, body[:6], with_prompt_tail=True)
-        ctx2 = a.prefill(PROMPT)
-        steps = [a.forward(ctx2, body[:1], with_prompt_tail=True)]
-        steps += [a.forward(ctx2, body[j : j + 1]) for j in range(1, 6)]
+        ctx = OneImage(a, PROMPT)
+        window = ctx.forward(body[:6], with_prompt_tail=True)
+        ctx2 = OneImage(a, PROMPT)
+        steps = [ctx2.forward(body[:1], with_prompt_tail=True)]
+        steps += [ctx2.forward(body[j : j + 1]) for j in range(1, 6)]
     torch.testing.assert_close(window, torch.cat(steps, dim=1), rtol=1e-5, atol=1e-5)
 
 
@@ -102,7 +102,7 @@ def test_batched_cfg_equals_separate_passes():
     body = random_body(a, 1)
     prompt = a.prompt_rows(PROMPT)[0]
     with torch.no_grad():
-        rows = a.forward(a.prefill(PROMPT), body[:7], with_prompt_tail=True)
+        rows = OneImage(a, PROMPT).forward(body[:7], with_prompt_tail=True)
         cond = hf_logits(a, torch.cat([prompt, body[:7]]).unsqueeze(0))[0, prompt.numel() - 1 :]
         uncond = hf_logits(a, body[:7].unsqueeze(0))[0]
     torch.testing.assert_close(rows[0], cond, rtol=1e-5, atol=1e-5)
@@ -115,12 +115,11 @@ def test_rollback_is_exact():
     a = tiny_lumina_adapter(grid=(2, 3))
     body_a, body_b = random_body(a, 2), random_body(a, 3)
     with torch.no_grad():
-        ctx = a.prefill(PROMPT)
-        a.forward(ctx, body_a[:7], with_prompt_tail=True)
-        a.rollback(ctx, 4)
-        assert ctx.extra["mask"].shape[1] == ctx.cache.get_seq_length()
-        resumed = a.forward(ctx, body_b[3:7])
-        fresh = a.forward(a.prefill(PROMPT), torch.cat([body_a[:3], body_b[3:7]]), with_prompt_tail=True)
+        ctx = OneImage(a, PROMPT)
+        ctx.forward(body_a[:7], with_prompt_tail=True)
+        ctx.rollback(4)
+        resumed = ctx.forward(body_b[3:7])
+        fresh = OneImage(a, PROMPT).forward(torch.cat([body_a[:3], body_b[3:7]]), with_prompt_tail=True)
     torch.testing.assert_close(resumed, fresh[:, -4:], rtol=1e-5, atol=1e-5)
 
 

@@ -33,8 +33,10 @@ from csd.adapters.toy import load_toy_adapter
 from csd.config import CONF_DIR, ConfigError, validate
 from csd.drafters import PacTreeDrafter
 from csd.engine import JacobiEngine
+from csd.fast import CompiledStep
 from csd.pipeline import generate_run
 from csd.processors import TargetPipeline
+from csd.ragged import SlotBatch, reference_logits
 from csd.records import COMMIT_ACCEPTED, COMMIT_FORCED, COMMIT_RELAXED, COMMIT_SAMPLED, load_records
 from csd.tree import Tree, tree_nodes, verify_tree, without_replacement
 from csd.verify import exponential_noise, sample_race
@@ -48,12 +50,10 @@ N_SAMPLES = 2000
 def exact_prefix_distribution(adapter, prompt: str, length: int) -> dict[tuple[int, ...], float]:
     """AR's law of the first ``length`` body tokens (no forced positions), by enumeration."""
     pipeline = TargetPipeline.build(adapter.sampling, adapter.raw_image_columns)
-    ctx = adapter.prefill(prompt)
     out = {}
     for combo in itertools.product(range(adapter.vocab_size), repeat=length):
         ids = adapter.image_token_ids[torch.tensor(combo)]
-        q = pipeline(adapter.forward(ctx, ids[:-1].to(adapter.device), with_prompt_tail=True))
-        adapter.rollback(ctx, length)
+        q = pipeline(reference_logits(adapter, prompt, ids[:-1]))
         out[combo] = float(torch.prod(q[torch.arange(length), torch.tensor(combo)]))
     return out
 
@@ -223,11 +223,9 @@ ADAPTERS = {
 
 
 def chain_logits(adapter, prompt: str, head: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """Raw logits of a plain window ``ids`` after a first window ``head`` on a fresh context: ``[rows, K, V]``."""
-    state = adapter.start_batch(1)
-    adapter.prefill_slot(state, 0, prompt)
-    adapter.forward_batch(state, head[None], [True], [True])
-    return adapter.forward_batch(state, ids[None], [False], [True])[0]
+    """Raw logits of a plain window ``ids`` after a first window ``head`` (whose anchor is the prompt's last token):
+    ``[rows, K, V]``, from the no-cache forward."""
+    return reference_logits(adapter, prompt, torch.cat([head[1:], ids]))[:, -ids.numel():]
 
 
 @pytest.mark.parametrize("name", list(ADAPTERS))
@@ -243,10 +241,10 @@ def test_tree_node_logits_equal_their_path(name):
     free = adapter.image_token_ids
     ids = free[torch.randint(adapter.vocab_size, (tree.size,), generator=g)]
     head = free[torch.randint(adapter.vocab_size, (3,), generator=g)]
-    state = adapter.start_batch(1)
-    adapter.prefill_slot(state, 0, prompt)
-    adapter.forward_batch(state, head[None], [True], [True])
-    out = adapter.forward_batch(state, ids[None], [False], [True], tree=tree.mask(adapter.device))[0]
+    batch = SlotBatch(adapter, 1)
+    batch.prefill(0, prompt)
+    batch.forward(head[None], [True], [True])
+    out = batch.forward(ids[None], [False], [True], tree=tree.mask(adapter.device))[0]
     paths = {}
     for node in range(tree.size):
         path = [node]
@@ -261,9 +259,9 @@ def test_tree_node_logits_equal_their_path(name):
     # keep root -> (2,) -> (2, 1): entries 0, 6, 11 move to the window's front; then a 2-token window
     kept = paths[11]
     assert kept == [0, 6, 11]
-    adapter.keep_batch(state, tree.size, [kept])
+    batch.keep(tree.size, [kept])
     nxt = free[torch.randint(adapter.vocab_size, (2,), generator=g)]
-    after = adapter.forward_batch(state, nxt[None], [False], [True])[0]
+    after = batch.forward(nxt[None], [False], [True])[0]
     ref = chain_logits(adapter, prompt, head, torch.cat([ids[kept], nxt]))
     assert torch.allclose(after, ref[:, -2:], atol=tol, rtol=0)
 
@@ -355,13 +353,13 @@ def test_bad_tree_settings_fail_before_the_model_loads(overrides, message):
         validate(make_cfg("method=sjd", "method.pac_code_parity=true"))
 
 
-def test_engine_refuses_batches_and_adapters_without_tree_attention():
+def test_engine_refuses_batches_and_the_compiled_path():
     adapter = tiny_janus_adapter(grid=2, codebook=3)
     with pytest.raises(ValueError, match="set engine.batch_size=1"):
         JacobiEngine(adapter, SJD(), PacTreeDrafter(window=21, coupling="none", draft_record="onehot", width=4, depth=3), batch_size=2)
-    static = tiny_janus_adapter(grid=2, codebook=3, cache="static")
-    with pytest.raises(ValueError, match="JanusAdapter has none"):
-        JacobiEngine(static, SJD(), PacTreeDrafter(window=21, coupling="none", draft_record="onehot", width=4, depth=3))
+    with pytest.raises(ValueError, match="set engine.compile=false"):
+        JacobiEngine(adapter, SJD(), PacTreeDrafter(window=21, coupling="none", draft_record="onehot", width=4, depth=3),
+                     compiled=CompiledStep(adapter, backend="eager"))
 
 
 def test_sjd_pac_through_the_pipeline(tmp_path):

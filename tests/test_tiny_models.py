@@ -19,7 +19,7 @@ from csd.adapters.janus import tiny_janus_adapter
 from csd.drafters import ChainDrafter
 from csd.engine import JacobiEngine, Request
 from csd.processors import TargetPipeline
-from tests.helpers import decode_counts, rejecting_emu3, rejecting_janus, rejecting_lumina
+from tests.helpers import OneImage, decode_counts, rejecting_emu3, rejecting_janus, rejecting_lumina
 
 PROMPT = "a cat"
 
@@ -35,7 +35,7 @@ def target_statistics(adapter: ModelAdapter, bodies: int = 4, seed: int = 0) -> 
 
     def targets(idx: torch.Tensor) -> torch.Tensor:
         ids = torch.where(forced >= 0, forced, adapter.image_token_ids[idx])
-        return pipeline(adapter.forward(adapter.prefill(PROMPT), ids[:-1], with_prompt_tail=True))
+        return pipeline(OneImage(adapter, PROMPT).forward(ids[:-1], with_prompt_tail=True))
 
     entropies, moves = [], []
     for _ in range(bodies):

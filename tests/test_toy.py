@@ -21,6 +21,7 @@ from csd.toy.domain import (
     training_stream,
 )
 from csd.toy.tokenizer import PatchTokenizer
+from tests.helpers import OneImage
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -141,24 +142,24 @@ def test_adapter_contract(adapter_cfg) -> None:
     caption = heldout_prompts(1)[0].text
     ids = torch.randint(0, v, (12,), generator=torch.Generator().manual_seed(1))
 
-    window_ctx = a.prefill(caption)
-    window = a.forward(window_ctx, ids, with_prompt_tail=True)
+    window_ctx = OneImage(a, caption)
+    window = window_ctx.forward(ids, with_prompt_tail=True)
     assert window.shape == (2, 13, v)
 
-    step_ctx = a.prefill(caption)
-    steps = [a.forward(step_ctx, ids[:0], with_prompt_tail=True)]
-    steps += [a.forward(step_ctx, ids[i:i + 1]) for i in range(len(ids))]
+    step_ctx = OneImage(a, caption)
+    steps = [step_ctx.forward(ids[:0], with_prompt_tail=True)]
+    steps += [step_ctx.forward(ids[i:i + 1]) for i in range(len(ids))]
     torch.testing.assert_close(window, torch.cat(steps, dim=1), atol=1e-4, rtol=0)
 
     # roll back the last 7 of the 13 window entries, then continue with other tokens
-    a.rollback(window_ctx, 7)
-    a.rollback(window_ctx, 0)
+    window_ctx.rollback(7)
+    window_ctx.rollback(0)
     more = torch.randint(0, v, (4,), generator=torch.Generator().manual_seed(2))
-    continued = a.forward(window_ctx, more)
-    fresh_ctx = a.prefill(caption)
-    fresh = a.forward(fresh_ctx, torch.cat([ids[:5], more]), with_prompt_tail=True)
+    continued = window_ctx.forward(more)
+    fresh_ctx = OneImage(a, caption)
+    fresh = fresh_ctx.forward(torch.cat([ids[:5], more]), with_prompt_tail=True)
     torch.testing.assert_close(continued, fresh[:, -4:], atol=1e-4, rtol=0)
-    assert window_ctx.cache.get_seq_length() == fresh_ctx.cache.get_seq_length()
+    assert window_ctx.batch.cache.filled == fresh_ctx.batch.cache.filled
 
 
 def test_cfg_rows_are_cond_then_null_caption(adapter_cfg) -> None:
@@ -168,9 +169,9 @@ def test_cfg_rows_are_cond_then_null_caption(adapter_cfg) -> None:
     plain = ToyAdapter(adapter_cfg.lm, adapter_cfg.tokenizer, SamplingConfig(guidance_scale=1.0))
     caption = heldout_prompts(2)[1].text
     ids = torch.tensor([3, 7, 11])
-    both = adapter_cfg.forward(adapter_cfg.prefill(caption), ids, with_prompt_tail=True)
-    cond = plain.forward(plain.prefill(caption), ids, with_prompt_tail=True)
-    uncond = plain.forward(plain.prefill(""), ids, with_prompt_tail=True)
+    both = OneImage(adapter_cfg, caption).forward(ids, with_prompt_tail=True)
+    cond = OneImage(plain, caption).forward(ids, with_prompt_tail=True)
+    uncond = OneImage(plain, "").forward(ids, with_prompt_tail=True)
     assert cond.shape[0] == 1
     torch.testing.assert_close(both, torch.cat([cond, uncond]), atol=1e-4, rtol=0)
     assert not torch.allclose(cond, uncond, atol=1e-2)

@@ -1,38 +1,34 @@
-"""The model adapter interface: everything the decoding engine needs from a target model.
+"""The model adapter interface: what a target model must say for the decoding engine to drive it.
 
 The engine (``csd.engine``) knows nothing about Janus, Lumina-mGPT or the toy model; an adapter knows
-nothing about acceptance rules. The contract, in the vocabulary of docs/ALGORITHMS.md:
+nothing about acceptance rules or caches. The contract, in the vocabulary of docs/ALGORITHMS.md:
 
 * The image is a **body** of ``layout.length`` positions. A position is either *free* (its token is
   sampled from the image vocabulary of ``vocab_size`` codes) or *forced* (a deterministic structural
   token such as Lumina-mGPT's end-of-line; ``layout.forced_ids[n] >= 0``).
 * The engine holds body tokens as **token ids in the adapter's space**; index ``v`` of a target
   distribution corresponds to id ``image_token_ids[v]``.
-* ``prefill`` feeds every prompt token *except the last* into a fresh cache and returns an opaque
-  context. The last prompt token is the first window's anchor: ``forward(ctx, ids, with_prompt_tail=True)``
-  prepends it, so row ``j`` of a window always predicts the token after window element ``j``.
-* ``forward`` returns **raw** logits ``[rows, K, V_raw]`` (rows = 2 with CFG: conditional first, then
-  unconditional). Turning them into the target distribution ``q`` is the shared processor pipeline's
-  job (``csd.processors``), built from ``sampling``.
-* ``rollback(ctx, n)`` removes the last ``n`` cache entries (the rejected part of a window).
-* Batches: the engine decodes ``B`` images at once through ``start_batch`` / ``prefill_slot`` /
-  ``forward_batch`` / ``rollback_batch`` (a slot holds one image and its CFG rows). The defaults here
-  loop over one single-image context per slot (correct for every adapter, one forward per slot);
-  adapters with a batched cache override them so that one forward carries every slot.
+* ``prompt_inputs(prompt)``: the model inputs of each CFG row's prompt (conditional first, then unconditional when
+  ``sampling.guidance_scale != 1``), ids or embeddings; rows may differ in length, and one may be empty.
+* ``body_inputs(ids [N, K])``: the model inputs of body token ids.
+* ``decode_step(inputs, cache, position_ids, attention_mask)``: one forward of the decoder and the output head,
+  **raw** logits ``[N, q, V_raw]``; ``cache`` is a ``csd.ragged.RaggedCache`` (None: a plain full-sequence forward,
+  the tests' oracle). Turning logits into the target ``q`` is the shared processor pipeline's job
+  (``csd.processors``), built from ``sampling``.
+* ``decoder()``: the transformers decoder whose layers the cache serves (its config, dtype, device).
+* ``decode_images(ids)``, and for some rules ``token_embeddings()`` (GSD) and ``codebook()`` (LANTERN).
+
+``csd.ragged.SlotBatch`` runs every decode, batch 1 included, on these.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
 import torch
-
-if TYPE_CHECKING:
-    from csd.tree import TreeMask
 
 
 @dataclass(frozen=True)
@@ -103,23 +99,6 @@ class BodyLayout:
         return cls.from_forced(torch.full((height * width,), -1, dtype=torch.long), (height, width))
 
 
-@dataclass
-class DecodeContext:
-    """Per-prompt state an adapter keeps between forwards (cache, attention mask, prompt tail)."""
-
-    cache: Any
-    prompt_tail: torch.Tensor
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class SlotContexts:
-    """The default batch state: one single-image context per slot, and which slots the last forward ran."""
-
-    contexts: list[DecodeContext | None]
-    ran: list[bool] = field(default_factory=list)
-
-
 class ModelAdapter(ABC):
     """A target model driven token by token (see the module docstring for the contract)."""
 
@@ -132,61 +111,30 @@ class ModelAdapter(ABC):
     device: torch.device
     #: which ids of the raw logits' last dim are image codes (None: the raw logits are already image-only)
     raw_image_columns: torch.Tensor | None = None
-    #: whether ``forward_batch(tree=...)`` and ``keep_batch`` work (SJD-PAC's tree windows, ``csd.tree``)
-    tree_attention: bool = False
+    #: whether the decode step compiles (``csd.fast.CompiledStep``, ``engine.compile=true``)
+    compilable: bool = False
 
     @property
     def uses_cfg(self) -> bool:
         return self.sampling.guidance_scale != 1.0
 
     @abstractmethod
-    def prefill(self, prompt: str) -> DecodeContext:
-        """Encode ``prompt`` (with its unconditional branch when CFG is on) and fill a fresh cache."""
+    def prompt_inputs(self, prompt: str) -> torch.Tensor | list[torch.Tensor]:
+        """Model inputs of the prompt's CFG rows: ``[rows, T, ...]``, or one ``[T_r, ...]`` per row (may be empty)."""
 
     @abstractmethod
-    def forward(self, ctx: DecodeContext, ids: torch.Tensor, with_prompt_tail: bool = False) -> torch.Tensor:
-        """Run the window ``ids`` ([K] body token ids) and return raw logits ``[rows, K(+1), V_raw]``."""
+    def body_inputs(self, ids: torch.Tensor) -> torch.Tensor:
+        """Model inputs ``[N, K, ...]`` of body token ids ``[N, K]``."""
 
     @abstractmethod
-    def rollback(self, ctx: DecodeContext, n: int) -> None:
-        """Drop the last ``n`` entries of the cache."""
+    def decode_step(self, inputs: torch.Tensor, cache: Any, position_ids: torch.Tensor | None,
+                    attention_mask: torch.Tensor | None) -> torch.Tensor:
+        """Decoder + output head: ``inputs [N, q, ...]`` -> raw logits ``[N, q, V_raw]`` (``cache``: a
+        ``csd.ragged.RaggedCache`` with the position ids and 4D additive mask its ``extend`` returned, or None)."""
 
-    def start_batch(self, slots: int) -> Any:
-        """State for ``slots`` concurrent images (default: one single-image context per slot)."""
-        return SlotContexts([None] * slots)
-
-    def prefill_slot(self, state: Any, slot: int, prompt: str) -> None:
-        """(Re)start ``slot`` with ``prompt``; the other slots are untouched."""
-        state.contexts[slot] = self.prefill(prompt)
-
-    def forward_batch(self, state: Any, ids: torch.Tensor, from_prompt: list[bool], active: list[bool],
-                      tree: TreeMask | None = None) -> torch.Tensor:
-        """One window per slot: ``ids [B, K]`` (column 0 the anchor, replaced by the prompt tail where
-        ``from_prompt``) -> raw logits ``[B, rows, K, V_raw]``; inactive slots' outputs are zeros. ``tree``: the
-        window is a tree (``csd.tree``), which only adapters with ``tree_attention`` run."""
-        if tree is not None:
-            raise NotImplementedError(f"{type(self).__name__} has no tree attention on this path (eager RaggedCache only)")
-        outs: list[torch.Tensor | None] = []
-        for slot, ctx in enumerate(state.contexts):
-            if not active[slot]:
-                outs.append(None)
-            elif from_prompt[slot]:
-                outs.append(self.forward(ctx, ids[slot, 1:], with_prompt_tail=True))
-            else:
-                outs.append(self.forward(ctx, ids[slot]))
-        state.ran = list(active)
-        template = next(out for out in outs if out is not None)
-        return torch.stack([torch.zeros_like(template) if out is None else out for out in outs])
-
-    def keep_batch(self, state: Any, q: int, keep: list[list[int]]) -> None:
-        """After a tree forward of ``q`` entries: keep the entries ``keep[b]`` of each slot (adapters with ``tree_attention``)."""
-        raise NotImplementedError(f"{type(self).__name__} has no tree attention on this path (eager RaggedCache only)")
-
-    def rollback_batch(self, state: Any, n: list[int]) -> None:
-        """Drop the last ``n[b]`` cache entries of every slot the last ``forward_batch`` ran."""
-        for ctx, ran, k in zip(state.contexts, state.ran, n, strict=True):
-            if ran:
-                self.rollback(ctx, k)
+    @abstractmethod
+    def decoder(self) -> Any:
+        """The transformers decoder (a ``PreTrainedModel``) whose attention layers the cache serves."""
 
     @abstractmethod
     def decode_images(self, ids: torch.Tensor) -> torch.Tensor:
@@ -226,12 +174,6 @@ def to_uint8(images: torch.Tensor) -> torch.Tensor:
     """``[B, 3, H, W]`` in about [-1, 1] -> uint8 ``[B, H, W, 3]``: ``((x.clamp(-1,1) + 1) / 2 * 255).round()``."""
     pixels = ((images.float().clamp(-1, 1) + 1) / 2 * 255).round().to(torch.uint8)
     return pixels.permute(0, 2, 3, 1).cpu()
-
-
-def to_device(values: Sequence[int | bool], device: torch.device, dtype: torch.dtype = torch.long) -> torch.Tensor:
-    """Host flags or counts as a device tensor without a stream sync (``torch.tensor(..., device=cuda)`` blocks
-    until the queued kernels, e.g. the forward, have run; an asynchronous copy of the staged list does not)."""
-    return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
 
 
 class MissingWeightsError(FileNotFoundError):

@@ -6,9 +6,9 @@
   and ``<|image end|>``. EOL / end tokens are forced positions; visual token ids map to VQ codes through
   ``vocabulary_mapping`` (a lookup).
 * CFG 3 with a *negative prompt* (same image header) as the unconditional branch, top-k 2048. The
-  original combines log-softmax values; combining raw logits gives the same ``q`` (a per-row constant). Both branches share one left-padded
-  batch (``PaddedCFGAdapter``), whichever prompt is shorter gets the padding; batches run every slot's two
-  rows at their own prompt lengths on one ``csd.ragged.RaggedCache`` (one forward per engine iteration).
+  original combines log-softmax values; combining raw logits gives the same ``q`` (a per-row constant). Both rows
+  decode at their own prompt lengths on one ``csd.ragged.RaggedCache`` (``CFGRowsAdapter``; one forward per engine
+  iteration).
 * Pixels: ``model.decode_image_tokens`` (HF's Emu3 VQ decoder; values in about [-1, 1]).
 
 Adding this model family took this file plus ``conf/model/emu3_gen.yaml``: the engine, processors and
@@ -23,7 +23,7 @@ import torch
 from transformers import Emu3Config, Emu3ForConditionalGeneration
 
 from csd.adapters.base import BodyLayout, SamplingConfig, resolve_dtype, to_uint8
-from csd.adapters.lumina import PaddedCFGAdapter, _local_dir
+from csd.adapters.lumina import CFGRowsAdapter, _local_dir
 
 PromptEncoder = Callable[[str], torch.Tensor]
 
@@ -41,14 +41,13 @@ def emu3_layout(rows: int, cols: int, eol: int, end_ids: tuple[int, ...], jacobi
     return BodyLayout.from_forced(forced, (rows, cols), jacobi_tail)
 
 
-class Emu3Adapter(PaddedCFGAdapter):
+class Emu3Adapter(CFGRowsAdapter):
     def __init__(
         self,
         model: Emu3ForConditionalGeneration,
         encode: PromptEncoder,
         grid: tuple[int, int],
         end_ids: tuple[int, int, int],
-        pad_id: int,
         sampling: SamplingConfig,
         positive_suffix: str = POSITIVE_SUFFIX,
         negative_prompt: str = NEGATIVE_PROMPT,
@@ -58,7 +57,7 @@ class Emu3Adapter(PaddedCFGAdapter):
         image end, EOS): the first two close the body, EOS is the third trailing token HF's
         ``decode_image_tokens`` strips."""
         super().__init__(model.model.text_model, model.lm_head, sampling)
-        self.model, self.encode, self.pad_id = model, encode, pad_id
+        self.model, self.encode = model, encode
         self.positive_suffix, self.negative_prompt = positive_suffix, negative_prompt
         mapping = model.model.vocabulary_mapping
         self.vocab_size = model.config.vq_config.codebook_size
@@ -125,11 +124,8 @@ def load_emu3_adapter(
         tok.convert_tokens_to_ids(processor.image_end_token),
         tok.eos_token_id,
     )
-    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     sampling = SamplingConfig(guidance_scale=guidance_scale, top_k=top_k or 0, temperature=temperature)
-    return Emu3Adapter(
-        model.to(device), encode, grid, end_ids, pad, sampling, positive_suffix, negative_prompt, jacobi_tail
-    )
+    return Emu3Adapter(model.to(device), encode, grid, end_ids, sampling, positive_suffix, negative_prompt, jacobi_tail)
 
 
 # ------------------------------------------------------------------------------------ tiny test model
@@ -188,4 +184,4 @@ def tiny_emu3_adapter(
     end_ids = (vocab["<|extra_201|>"], vocab["<|image end|>"], TINY_EOS)
     sampling = SamplingConfig(guidance_scale=guidance_scale, top_k=top_k or 0, temperature=temperature)
     model = model.to(device=device, dtype=resolve_dtype(dtype))
-    return Emu3Adapter(model, encode, (rows, cols), end_ids, TINY_PAD, sampling, "", negative_prompt, jacobi_tail)
+    return Emu3Adapter(model, encode, (rows, cols), end_ids, sampling, "", negative_prompt, jacobi_tail)

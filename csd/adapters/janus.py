@@ -6,9 +6,7 @@ Image tokens are driven through ``model.model.language_model`` + ``model.model.g
 are ``[cond; uncond]`` where the unconditional prompt is the same ids with every token except BOS
 and BOI replaced by the pad id (pads not masked), as the reference implementation does.
 
-``cache="static"`` decodes on a reusable ``StaticCache`` and ``compile=True`` compiles the decode step
-(``csd.fast``; the engine must then pad windows, ``pad_window=True``); the default is the eager
-``DynamicCache`` path.
+The decode step compiles (``engine.compile=true``, ``csd.fast.CompiledStep``).
 """
 
 from __future__ import annotations
@@ -17,29 +15,28 @@ import os
 from collections.abc import Callable
 
 import torch
-from transformers import Cache, DynamicCache, JanusConfig, JanusForConditionalGeneration, PreTrainedModel
+from transformers import JanusConfig, JanusForConditionalGeneration, PreTrainedModel
 
 from csd.adapters.base import (
     BodyLayout,
-    DecodeContext,
     MissingWeightsError,
     ModelAdapter,
     SamplingConfig,
     resolve_dtype,
     to_uint8,
 )
-from csd.fast import StaticDispatch, make_static_decoder
 from csd.hub import download_command, load_local_first
-from csd.ragged import RaggedCache, RaggedDispatch
+from csd.ragged import RaggedCache
 
 PromptEncoder = Callable[[str], torch.Tensor]
 
 
 
 
-class JanusAdapter(RaggedDispatch, StaticDispatch, ModelAdapter):
-    """Janus-Pro behind :class:`ModelAdapter`; batched decoding (``start_batch`` ...) runs on a
-    ``csd.ragged.RaggedCache`` (compiled: fixed capacity, the StaticDecoder's compiled step)."""
+class JanusAdapter(ModelAdapter):
+    """Janus-Pro behind :class:`ModelAdapter`."""
+
+    compilable = True
 
     def __init__(
         self,
@@ -47,10 +44,6 @@ class JanusAdapter(RaggedDispatch, StaticDispatch, ModelAdapter):
         encode: PromptEncoder,
         special_ids: tuple[int, int, int],
         sampling: SamplingConfig,
-        cache: str = "dynamic",
-        compile: bool = False,
-        max_cache_len: int | None = None,
-        compile_backend: str = "inductor",
     ) -> None:
         self.model = model.eval()
         self.encode = encode
@@ -62,16 +55,13 @@ class JanusAdapter(RaggedDispatch, StaticDispatch, ModelAdapter):
         self.image_token_ids = torch.arange(self.vocab_size)
         side = int(round(model.config.vision_config.num_image_tokens**0.5))
         self.layout = BodyLayout.raster(side, side)
-        self.static = make_static_decoder(
-            self.decode_step, model.config.text_config, self.layout.length, cache, compile, max_cache_len, compile_backend
-        )
 
-    def decode_step(self, embeds: torch.Tensor, cache: Cache | RaggedCache, position_ids: torch.Tensor | None = None,
+    def decode_step(self, embeds: torch.Tensor, cache: RaggedCache | None, position_ids: torch.Tensor | None = None,
                     attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """Language model + image head: ``[rows, q, D]`` embeddings -> ``[rows, q, vocab_size]`` logits
-        (``position_ids`` / ``attention_mask``: those of a ``RaggedCache`` forward)."""
+        """Language model + image head: ``[rows, q, D]`` embeddings -> ``[rows, q, vocab_size]`` logits."""
         hidden = self.model.model.language_model(
-            inputs_embeds=embeds, cache=cache, position_ids=position_ids, attention_mask=attention_mask, use_cache=True
+            inputs_embeds=embeds, cache=cache, position_ids=position_ids, attention_mask=attention_mask,
+            use_cache=cache is not None,
         )
         return self.model.model.generation_head(hidden.last_hidden_state)
 
@@ -93,23 +83,6 @@ class JanusAdapter(RaggedDispatch, StaticDispatch, ModelAdapter):
         keep = (cond == self.bos_id) | (cond == self.boi_id)
         uncond = torch.where(keep, cond, torch.full_like(cond, self.pad_id))
         return torch.stack([cond, uncond])
-
-    def prefill(self, prompt: str) -> DecodeContext:
-        embeds = self.prompt_inputs(prompt)
-        if self.static is not None:
-            self.static.prefill(embeds[:, :-1])
-            return DecodeContext(cache=self.static, prompt_tail=embeds[:, -1:])
-        cache = DynamicCache(config=self.model.config.text_config)
-        if embeds.shape[1] > 1:
-            self.model.model.language_model(inputs_embeds=embeds[:, :-1], cache=cache, use_cache=True)
-        return DecodeContext(cache=cache, prompt_tail=embeds[:, -1:])
-
-    def forward(self, ctx: DecodeContext, ids: torch.Tensor, with_prompt_tail: bool = False) -> torch.Tensor:
-        rows = ctx.prompt_tail.shape[0]
-        embeds = self.model.prepare_embeddings_for_image_generation(ids.unsqueeze(0).expand(rows, -1))
-        if with_prompt_tail:
-            embeds = torch.cat([ctx.prompt_tail, embeds], dim=1)
-        return self.run_step(embeds, ctx.cache)
 
     def decode_images(self, ids: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
@@ -135,14 +108,10 @@ def load_janus_adapter(
     dtype: str = "bfloat16",
     device: str = "cpu",
     random_init: bool = False,
-    cache: str = "dynamic",
-    compile: bool = False,
-    max_cache_len: int | None = None,
     **_: object,
 ) -> JanusAdapter:
     """Janus-Pro from a hub id or local directory (``random_init``: the real shape with random weights,
-    for latency benchmarks; needs only the config). ``cache`` / ``compile`` / ``max_cache_len``: see
-    :class:`JanusAdapter`."""
+    for latency benchmarks; needs only the config)."""
     from transformers import JanusProcessor
 
     hub_id = path if "/" in path and not os.path.isabs(path) else "deepseek-community/Janus-Pro-7B"
@@ -173,7 +142,7 @@ def load_janus_adapter(
 
     special = (tokenizer.bos_token_id, tokenizer.pad_token_id, tokenizer.convert_tokens_to_ids(processor.image_start_token))
     sampling = SamplingConfig(guidance_scale=guidance_scale, top_k=top_k, temperature=temperature)
-    return JanusAdapter(model.to(device), encode, special, sampling, cache, compile, max_cache_len)
+    return JanusAdapter(model.to(device), encode, special, sampling)
 
 
 # ------------------------------------------------------------------------------------ tiny test model
@@ -218,10 +187,6 @@ def tiny_janus_adapter(
     temperature: float = 1.0,
     device: str = "cpu",
     dtype: str = "float32",
-    cache: str = "dynamic",
-    compile: bool = False,
-    max_cache_len: int | None = None,
-    compile_backend: str = "inductor",
     **_: object,
 ) -> JanusAdapter:
     """A seeded random tiny Janus (real transformers classes) for smoke runs and tests.
@@ -242,6 +207,4 @@ def tiny_janus_adapter(
             p.mul_(input_gain)
     sampling = SamplingConfig(guidance_scale=guidance_scale, top_k=top_k, temperature=temperature)
     model = model.to(device=device, dtype=resolve_dtype(dtype))
-    return JanusAdapter(
-        model, tiny_byte_encoder, (TINY_BOS, TINY_PAD, TINY_BOI), sampling, cache, compile, max_cache_len, compile_backend
-    )
+    return JanusAdapter(model, tiny_byte_encoder, (TINY_BOS, TINY_PAD, TINY_BOI), sampling)

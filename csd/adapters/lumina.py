@@ -10,12 +10,9 @@
   structural token is a forced position; the free positions are image tokens, whose ids map to VQ
   codes through ``vocabulary_mapping.bpe2img`` (a lookup table, not an offset).
 * CFG (scale 3, on raw logits): the unconditional context is the sequence from ``<racm3:break>`` on
-  (no prompt). Single context: both branches share one batch and one cache, the unconditional row
-  left-padded over the prompt with attention-mask zeros and positions counted from its first real
-  token, which gives the logits of a separate unconditional pass (tested); the 2D mask lives in
-  ``ctx.extra["mask"]``. Batches (``start_batch`` ...): every row of every slot on one
-  ``csd.ragged.RaggedCache`` with its own prompt length (the unconditional row's is 0), one forward per
-  engine iteration. The unconditional row's first prediction has no context: its logits are the
+  (no prompt). Every row of every slot decodes on one ``csd.ragged.RaggedCache`` with its own prompt length
+  (the unconditional row's is 0), one forward per engine iteration, which gives the logits of a separate
+  unconditional pass (tested). The unconditional row's first prediction has no context: its logits are the
   conditional row's, so CFG leaves it (the forced ``<racm3:break>``) unguided, as Lumina's CFG processor
   does before the image tokens start.
 * Sampling: image top-k 2000, temperature 1; plain AR for the last ``jacobi_tail`` (~10) positions.
@@ -36,19 +33,12 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from transformers import ChameleonConfig, ChameleonForConditionalGeneration, DynamicCache, PreTrainedModel
+from transformers import ChameleonConfig, ChameleonForConditionalGeneration, PreTrainedModel
 
-from csd.adapters.base import (
-    BodyLayout,
-    DecodeContext,
-    MissingWeightsError,
-    ModelAdapter,
-    SamplingConfig,
-    resolve_dtype,
-)
+from csd.adapters.base import BodyLayout, MissingWeightsError, ModelAdapter, SamplingConfig, resolve_dtype
 from csd.adapters.vqgan import VQGANConfig, VQGANDecoder, codes_from_rows, load_vqgan_decoder
 from csd.hub import download_command, load_local_first
-from csd.ragged import RaggedCache, RaggedDispatch
+from csd.ragged import RaggedCache
 
 TextEncoder = Callable[[str], torch.Tensor]
 
@@ -56,34 +46,13 @@ PROMPT_TEMPLATE = "Generate an image of {width}x{height} according to the follow
 LUMINA_PATCH_TOKENS = 2  # Lumina's grid unit: 32 px = 2 latent tokens of 16 px
 
 
-def left_pad(rows: list[torch.Tensor], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Stack 1-D id rows of different lengths, left-padded: ``(ids [R, T], mask [R, T])``."""
-    width = max(int(r.numel()) for r in rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, row in enumerate(rows):
-        if row.numel():
-            ids[i, width - row.numel() :] = row
-            mask[i, width - row.numel() :] = 1
-    return ids, mask
+class CFGRowsAdapter(ModelAdapter):
+    """A decoder-only HF model and its full-vocabulary head whose CFG rows are prompts of their own lengths.
 
-
-class PaddedCFGAdapter(RaggedDispatch, ModelAdapter):
-    """A decoder-only HF model whose CFG branches are rows of one left-padded batch with a 2D attention mask.
-
-    Subclasses give the prompt rows (conditional first, then unconditional when CFG is on). The mask
-    covers every cache entry; it grows with each forward and shrinks with each rollback, and position
-    ids are ``cumsum(mask) - 1`` so each row counts positions from its own first real token. A row whose
-    prompt is empty has only a padded anchor: its first prediction (no context) is the conditional row's.
-
-    Batched decoding (``start_batch`` ...) runs every slot's rows on one ``csd.ragged.RaggedCache``, each
-    row with its own prompt length (no padding), eager only. ``base`` is the text decoder (its config
-    sizes the caches), ``lm_head`` the full-vocabulary head.
+    Subclasses give the prompt rows (conditional first, then unconditional when CFG is on); a row may be empty
+    (its first prediction, which has no context, is the conditional row's: ``csd.ragged.SlotBatch``). ``base`` is
+    the text decoder (its config sizes the cache), ``lm_head`` the full-vocabulary head. Eager only.
     """
-
-    pad_id: int = 0
-    #: no compiled path: batches decode eagerly on a growing RaggedCache
-    static = None
 
     def __init__(self, base: PreTrainedModel, lm_head: nn.Module, sampling: SamplingConfig) -> None:
         self.base = base.eval()
@@ -96,7 +65,7 @@ class PaddedCFGAdapter(RaggedDispatch, ModelAdapter):
         """1-D prompt ids per CFG row (``[cond]`` or ``[cond, uncond]``); a row may be empty."""
 
     def prompt_inputs(self, prompt: str) -> list[torch.Tensor]:
-        """The batched path's prompt: :meth:`prompt_rows` on the device, each row at its own length."""
+        """:meth:`prompt_rows` on the device, each row at its own length."""
         return [row.to(self.device) for row in self.prompt_rows(prompt)]
 
     def body_inputs(self, ids: torch.Tensor) -> torch.Tensor:
@@ -105,53 +74,14 @@ class PaddedCFGAdapter(RaggedDispatch, ModelAdapter):
     def decoder(self) -> PreTrainedModel:
         return self.base
 
-    def decode_step(self, ids: torch.Tensor, cache: RaggedCache, position_ids: torch.Tensor,
-                    attention_mask: torch.Tensor) -> torch.Tensor:
-        """Decoder + full-vocabulary head on a ``RaggedCache`` forward: ``[N, q]`` ids -> ``[N, q, V_raw]`` logits
-        (``position_ids`` / 4D additive ``attention_mask``: those the cache's ``extend`` returned)."""
+    def decode_step(self, ids: torch.Tensor, cache: RaggedCache | None, position_ids: torch.Tensor | None,
+                    attention_mask: torch.Tensor | None) -> torch.Tensor:
+        """Decoder + full-vocabulary head: ``[N, q]`` ids -> ``[N, q, V_raw]`` logits."""
         hidden = self.base(
-            input_ids=ids, cache=cache, position_ids=position_ids, attention_mask=attention_mask, use_cache=True
+            input_ids=ids, cache=cache, position_ids=position_ids, attention_mask=attention_mask,
+            use_cache=cache is not None,
         ).last_hidden_state
         return self.lm_head(hidden)
-
-    def _run(self, ctx: DecodeContext, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """Feed ``ids [R, n]`` whose own mask columns are ``mask [R, n]``; returns hidden states ``[R, n, D]``."""
-        full = torch.cat([ctx.extra["mask"], mask], dim=1)
-        positions = (full.cumsum(-1) - 1).clamp_min(0)[:, -ids.shape[1] :]
-        out = self.base(input_ids=ids, attention_mask=full, position_ids=positions, cache=ctx.cache, use_cache=True)
-        ctx.extra["mask"] = full
-        return out.last_hidden_state
-
-    @torch.no_grad()
-    def prefill(self, prompt: str) -> DecodeContext:
-        ids, mask = left_pad(self.prompt_rows(prompt), self.pad_id)
-        ids, mask = ids.to(self.device), mask.to(self.device)
-        ctx = DecodeContext(
-            cache=DynamicCache(config=self.base.config),
-            prompt_tail=ids[:, -1:],
-            extra={"mask": mask[:, :0], "tail_mask": mask[:, -1:]},
-        )
-        if ids.shape[1] > 1:
-            self._run(ctx, ids[:, :-1], mask[:, :-1])
-        return ctx
-
-    def forward(self, ctx: DecodeContext, ids: torch.Tensor, with_prompt_tail: bool = False) -> torch.Tensor:
-        rows = ctx.prompt_tail.shape[0]
-        ids = ids.to(self.device).unsqueeze(0).expand(rows, -1)
-        mask = torch.ones_like(ids)
-        if with_prompt_tail:
-            ids = torch.cat([ctx.prompt_tail, ids], dim=1)
-            mask = torch.cat([ctx.extra["tail_mask"], mask], dim=1)
-        logits = self.lm_head(self._run(ctx, ids, mask))
-        if with_prompt_tail:  # a padded anchor (empty prompt) predicts nothing: it takes the conditional row's logits
-            blind = ctx.extra["tail_mask"][:, :, None] == 0
-            logits[:, :1] = torch.where(blind, logits[:1, :1], logits[:, :1])
-        return logits
-
-    def rollback(self, ctx: DecodeContext, n: int) -> None:
-        if n > 0:
-            ctx.cache.crop(-n)
-            ctx.extra["mask"] = ctx.extra["mask"][:, :-n]
 
 
 @dataclass(frozen=True)
@@ -192,7 +122,7 @@ def lumina_layout(rows: int, cols: int, tokens: ChameleonTokens, jacobi_tail: in
     return BodyLayout.from_forced(forced, (rows, cols), jacobi_tail)
 
 
-class LuminaAdapter(PaddedCFGAdapter):
+class LuminaAdapter(CFGRowsAdapter):
     def __init__(
         self,
         model: ChameleonForConditionalGeneration,
@@ -205,7 +135,6 @@ class LuminaAdapter(PaddedCFGAdapter):
     ) -> None:
         super().__init__(model.model, model.lm_head, sampling)
         self.model, self.encode, self.tokens, self.vqgan = model, encode, tokens, vqgan.eval()
-        self.pad_id = tokens.pad
         bpe2img = model.model.vocabulary_mapping.bpe2img
         self.vocab_size = vqgan.config.n_embed
         img2bpe = {code: bpe for bpe, code in bpe2img.items()}

@@ -8,11 +8,10 @@ are patch codes ``0 .. V-1``; LM id = ``N_TEXT + code``.
 from __future__ import annotations
 
 import torch
-from transformers import Cache, DynamicCache, LlamaForCausalLM, LlamaModel
+from transformers import LlamaForCausalLM, LlamaModel
 
-from csd.adapters.base import BodyLayout, DecodeContext, MissingWeightsError, ModelAdapter, SamplingConfig
-from csd.fast import StaticDispatch, make_static_decoder
-from csd.ragged import RaggedCache, RaggedDispatch
+from csd.adapters.base import BodyLayout, MissingWeightsError, ModelAdapter, SamplingConfig
+from csd.ragged import RaggedCache
 from csd.toy import LM_DIR, TOKENIZER_FILE
 from csd.toy.model import load_toy_lm
 from csd.toy.tokenizer import GRID, PatchTokenizer
@@ -23,14 +22,13 @@ from csd.toy.vocab import N_TEXT, encode_caption
 DEFAULT_GUIDANCE = 1.5
 
 
-class ToyAdapter(RaggedDispatch, StaticDispatch, ModelAdapter):
-    """Drives the toy LM token by token with a ``DynamicCache``; rows are ``[cond, uncond]`` under CFG.
-    Batched decoding (``start_batch`` ...) runs on a ``csd.ragged.RaggedCache`` (compiled: fixed capacity, the
-    StaticDecoder's compiled step)."""
+class ToyAdapter(ModelAdapter):
+    """Drives the toy LM; rows are ``[cond, uncond]`` under CFG (the null caption has the caption's length)."""
+
+    compilable = True
 
     def __init__(self, lm: LlamaForCausalLM, tokenizer: PatchTokenizer, sampling: SamplingConfig,
-                 device: str | torch.device = "cpu", cache: str = "dynamic", compile: bool = False,
-                 max_cache_len: int | None = None, compile_backend: str = "inductor") -> None:
+                 device: str | torch.device = "cpu") -> None:
         self.device = torch.device(device)
         self.lm = lm.to(self.device).eval()
         self.tokenizer = tokenizer
@@ -38,16 +36,12 @@ class ToyAdapter(RaggedDispatch, StaticDispatch, ModelAdapter):
         self.vocab_size = tokenizer.vocab_size
         self.image_token_ids = torch.arange(self.vocab_size)
         self.layout = BodyLayout.raster(GRID, GRID)
-        self.static = make_static_decoder(
-            self.decode_step, self.lm.config, self.layout.length, cache, compile, max_cache_len, compile_backend
-        )
 
-    def decode_step(self, ids: torch.Tensor, cache: Cache | RaggedCache, position_ids: torch.Tensor | None = None,
+    def decode_step(self, ids: torch.Tensor, cache: RaggedCache | None, position_ids: torch.Tensor | None = None,
                     attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """LM + the image-code columns of its head: ``[rows, q]`` ids -> ``[rows, q, vocab_size]`` logits
-        (``position_ids`` / ``attention_mask``: those of a ``RaggedCache`` forward)."""
+        """LM + the image-code columns of its head: ``[rows, q]`` ids -> ``[rows, q, vocab_size]`` logits."""
         hidden = self.lm.model(
-            input_ids=ids, cache=cache, position_ids=position_ids, attention_mask=attention_mask, use_cache=True
+            input_ids=ids, cache=cache, position_ids=position_ids, attention_mask=attention_mask, use_cache=cache is not None
         ).last_hidden_state
         return self.lm.lm_head(hidden)[..., N_TEXT:N_TEXT + self.vocab_size]
 
@@ -64,23 +58,6 @@ class ToyAdapter(RaggedDispatch, StaticDispatch, ModelAdapter):
     def body_inputs(self, ids: torch.Tensor) -> torch.Tensor:
         return ids.long() + N_TEXT
 
-    def prefill(self, prompt: str) -> DecodeContext:
-        ids = self.prompt_inputs(prompt)
-        if self.static is not None:
-            self.static.prefill(ids[:, :-1])
-            return DecodeContext(cache=self.static, prompt_tail=ids[:, -1:])
-        cache = DynamicCache(config=self.lm.config)
-        with torch.no_grad():
-            self.lm.model(input_ids=ids[:, :-1], cache=cache, use_cache=True)
-        return DecodeContext(cache=cache, prompt_tail=ids[:, -1:])
-
-    def forward(self, ctx: DecodeContext, ids: torch.Tensor, with_prompt_tail: bool = False) -> torch.Tensor:
-        rows = ctx.prompt_tail.shape[0]
-        window = (ids.to(self.device).long() + N_TEXT).view(1, -1).expand(rows, -1)
-        if with_prompt_tail:
-            window = torch.cat([ctx.prompt_tail, window], dim=1)
-        return self.run_step(window, ctx.cache)
-
     def decode_images(self, ids: torch.Tensor) -> torch.Tensor:
         return self.tokenizer.decode(ids.cpu())
 
@@ -95,10 +72,9 @@ class ToyAdapter(RaggedDispatch, StaticDispatch, ModelAdapter):
 
 
 def load_toy_adapter(guidance_scale: float = DEFAULT_GUIDANCE, top_k: int | None = 0, temperature: float = 1.0,
-                     device: str = "cpu", dtype: str = "float32", cache: str = "dynamic", compile: bool = False,
-                     max_cache_len: int | None = None, compile_backend: str = "inductor") -> ToyAdapter:
+                     device: str = "cpu", dtype: str = "float32") -> ToyAdapter:
     """The shipped toy model (``csd/toy/assets``) behind the :class:`ModelAdapter` interface (``top_k`` 0 or None:
-    no top-k; ``cache="static"`` / ``compile``: the fast path of :mod:`csd.fast`)."""
+    no top-k)."""
     missing = [p for p in (TOKENIZER_FILE, LM_DIR / "config.json", LM_DIR / "model.safetensors") if not p.exists()]
     if missing:
         raise MissingWeightsError(
@@ -107,5 +83,4 @@ def load_toy_adapter(guidance_scale: float = DEFAULT_GUIDANCE, top_k: int | None
         )
     lm = load_toy_lm(LM_DIR, dtype=getattr(torch, dtype))
     sampling = SamplingConfig(guidance_scale=guidance_scale, top_k=top_k or 0, temperature=temperature)
-    return ToyAdapter(lm, PatchTokenizer.load(TOKENIZER_FILE), sampling, device, cache, compile, max_cache_len,
-                      compile_backend)
+    return ToyAdapter(lm, PatchTokenizer.load(TOKENIZER_FILE), sampling, device)

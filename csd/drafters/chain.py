@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from csd.acceptance import AcceptanceRule
-from csd.adapters.base import to_device
+from csd.device import to_device
 from csd.drafters.base import Drafter, Proposal, Verified
 from csd.records import COMMIT_ACCEPTED, COMMIT_RELAXED, COMMIT_SAMPLED
 from csd.verify import WindowNoise, WindowResult, couple_drafts, verify_window

@@ -18,8 +18,8 @@ import torch
 import torch.nn.functional as F
 
 from csd.acceptance import AcceptanceRule, lossless_residual
-from csd.adapters.base import ModelAdapter, to_device
-from csd.drafters.base import BodyIds, Drafter, Proposal, Verified
+from csd.device import to_device
+from csd.drafters.base import Drafter, Proposal, Verified
 from csd.records import COMMIT_ACCEPTED, COMMIT_RELAXED, COMMIT_SAMPLED
 from csd.tree import Tree, TreeMask, TreeVerdict, branch_nodes, tree_problem, verify_tree, without_replacement
 from csd.verify import WindowNoise, couple_drafts, exponential_noise, sample_race
@@ -93,12 +93,6 @@ class PacTreeDrafter(Drafter):
         if compiled:
             return "drafter=pac_tree (tree windows) runs eagerly: set engine.compile=false"
         return None
-
-    def bind(self, adapter: ModelAdapter, body: BodyIds, pad: bool) -> None:
-        if not adapter.tree_attention:
-            raise ValueError(f"drafter=pac_tree (tree windows) needs an adapter with tree attention; "
-                             f"{type(adapter).__name__} has none")
-        super().bind(adapter, body, pad)
 
     def new_state(self, slot: Slot, shared: torch.Tensor | None) -> TreeState:
         empty = torch.zeros((0, self.vocab), dtype=torch.float32, device=self.device)
