@@ -109,6 +109,7 @@ class JacobiEngine:
         self.pipeline = TargetPipeline.build(adapter.sampling, adapter.raw_image_columns)
         self.device = adapter.device
         self.body = BodyIds(adapter)
+        self._batch: SlotBatch | None = None
         drafter.bind(adapter, self.body, compiled is not None)
         rule.setup(adapter)
 
@@ -121,9 +122,13 @@ class JacobiEngine:
     @torch.no_grad()
     def generate_many(self, requests: Iterable[Request]) -> Iterator[tuple[Request, Generation]]:
         """Decode ``requests`` with up to ``batch_size`` in flight; yields ``(request, generation)`` as each
-        image finishes (completion order), and the next request takes the freed slot."""
+        image finishes (completion order), and the next request takes the freed slot. The eager cache is kept for
+        the engine's next call (a prefill restarts a slot; its buffers and mask table stay), so one call decodes on
+        an engine at a time; the compiled path picks its fixed cache per call (``csd.fast.CompiledStep``)."""
         pending = iter(requests)
-        state = SlotBatch(self.adapter, self.batch_size, self.compiled)
+        if self._batch is None or self.compiled is not None:
+            self._batch = SlotBatch(self.adapter, self.batch_size, self.compiled)
+        state = self._batch
         slots = [self._start(state, slot, next(pending, None)) for slot in range(self.batch_size)]
         while any(slot is not None for slot in slots):
             for b in self._iteration(state, slots):

@@ -180,8 +180,9 @@ class RaggedCache:
                kwargs: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Write a layer's new ``[A, H, q, D]`` keys/values at the reserved positions; return the active rows'
         first ``bound`` entries ``[A, H, bound, D]`` (the transformers ``Cache.update`` contract)."""
-        keys = self.keys[layer_idx][self._active]
-        values = self.values[layer_idx][self._active]
+        keys, values = self.keys[layer_idx], self.values[layer_idx]
+        if self._active != slice(0, self.rows):
+            keys, values = keys[self._active], values[self._active]
         if self._span is not None:
             keys[:, :, self._span] = key_states
             values[:, :, self._span] = value_states
@@ -211,7 +212,10 @@ class RaggedCache:
             if not 0 <= k <= max(self.filled[r], 0):  # a row without a prompt holds -1 entries before its first window
                 raise ValueError(f"cannot roll back {k} of the {self.filled[r]} entries of cache row {r}")
         self.filled = [f - k for f, k in zip(self.filled, n, strict=True)]
-        self.lengths -= to_device(n, self.device)
+        if len(set(n)) == 1:  # every row by the same count (batch 1's CFG rows): no host-to-device copy
+            self.lengths -= n[0]
+        else:
+            self.lengths -= to_device(n, self.device)
 
 
 class SlotBatch:

@@ -35,9 +35,9 @@ def sample_race(probs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
     its probability, so it is an error (``RuntimeError``; checked on the device, no host synchronisation).
     Rules whose formula can leave no mass use a fallback law (:class:`csd.acceptance.Residual`).
     """
-    support = probs > 0
-    torch._assert_async(support.any(-1).all(), "sample_race: a law with no mass (all zero or NaN) cannot be sampled")
-    return torch.argmax(torch.where(support, probs / noise, float("-inf")), dim=-1)
+    best, token = torch.max(torch.where(probs > 0, probs / noise, float("-inf")), dim=-1)
+    torch._assert_async((best > float("-inf")).all(), "sample_race: a law with no mass (all zero or NaN) cannot be sampled")
+    return token
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:

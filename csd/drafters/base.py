@@ -176,10 +176,12 @@ class Drafter(ABC):
         drafts, their recorded laws and the anchor's id (the last committed token; the adapter puts the prompt's
         last token there when nothing is committed yet)."""
         n = slot.n
+        anchor = self.body(slot.body[n - 1 : n], n - 1) if n else self.body.image_ids[:1]
         keep = min(carried.numel(), n_drafts)
+        if keep == n_drafts:  # no fresh draft (an AR step, or enough carried ones): no random number is drawn
+            return carried[:keep], carried_probs[:keep], anchor
         left = carried[keep - 1] if keep else (slot.body[n - 1] if n else None)
         fresh = self.fresh_drafts(n + keep, n_drafts - keep, left, slot.generator)
         drafts = torch.cat([carried[:keep], fresh])
         probs = torch.cat([carried_probs[:keep], self.fresh_probs(fresh)])
-        anchor = self.body(slot.body[n - 1 : n], n - 1) if n else self.body.image_ids[:1]
         return drafts, probs, anchor

@@ -74,29 +74,36 @@ class ChainDrafter(Drafter):
     def verify(self, rule: AcceptanceRule, slots: list[Slot | None], proposal: Proposal, target: torch.Tensor,
                target_entropy: torch.Tensor) -> Verified:
         windows, rows, vocab, device = proposal.windows, proposal.rows, self.vocab, self.device
-        # each image draws its window's random numbers from its own generator, exactly as at batch 1;
-        # windows shorter than the batch's are padded (padding is never accepted nor committed)
-        noise = WindowNoise(target.new_ones((len(slots), rows, vocab)), target.new_zeros((len(slots), rows - 1)),
-                            target.new_ones((len(slots), vocab)))
-        drafts = torch.zeros((len(slots), rows - 1), dtype=torch.long, device=device)
-        draft_probs = F.one_hot(drafts, vocab).float()
-        forced = torch.zeros((len(slots), rows - 1), dtype=torch.bool, device=device)
-        for b, (slot, w) in enumerate(zip(slots, windows, strict=True)):
-            if w is None:
-                continue
-            shared = slot.draft.shared
-            shared = None if shared is None else shared[slot.n : slot.n + w.rows].unsqueeze(0)
-            own = WindowNoise.draw(1, w.rows, vocab, slot.generator, device, shared)
-            noise.samples[b, : w.rows], noise.uniforms[b, : w.rows - 1], noise.residual[b] = own.samples[0], own.uniforms[0], own.residual[0]
-            drafts[b, : w.rows - 1], draft_probs[b, : w.rows - 1] = w.drafts, w.draft_probs
-            forced[b, : w.rows - 1] = self.body.is_forced[slot.n : slot.n + w.rows - 1]
-        n_drafts = to_device([0 if w is None else w.rows - 1 for w in windows], device)
+        # each image draws its window's random numbers from its own generator, exactly as at batch 1
+        own = [None if w is None else WindowNoise.draw(
+            1, w.rows, vocab, slot.generator, device,
+            None if slot.draft.shared is None else slot.draft.shared[slot.n : slot.n + w.rows].unsqueeze(0))
+            for slot, w in zip(slots, windows, strict=True)]
+        if all(w is not None and w.rows == rows for w in windows):  # every window full (batch 1 always): no padding
+            noise = WindowNoise(*(torch.cat([getattr(o, f) for o in own]) for f in ("samples", "uniforms", "residual")))
+            drafts = torch.stack([w.drafts for w in windows])
+            draft_probs = torch.stack([w.draft_probs for w in windows])
+            forced = torch.stack([self.body.is_forced[slot.n : slot.n + rows - 1] for slot in slots])
+            n_drafts = None
+        else:  # windows shorter than the batch's are padded (padding is never accepted nor committed)
+            noise = WindowNoise(target.new_ones((len(slots), rows, vocab)), target.new_zeros((len(slots), rows - 1)),
+                                target.new_ones((len(slots), vocab)))
+            drafts = torch.zeros((len(slots), rows - 1), dtype=torch.long, device=device)
+            draft_probs = F.one_hot(drafts, vocab).float()
+            forced = torch.zeros((len(slots), rows - 1), dtype=torch.bool, device=device)
+            for b, (slot, w, o) in enumerate(zip(slots, windows, own, strict=True)):
+                if w is None:
+                    continue
+                noise.samples[b, : w.rows], noise.uniforms[b, : w.rows - 1], noise.residual[b] = o.samples[0], o.uniforms[0], o.residual[0]
+                drafts[b, : w.rows - 1], draft_probs[b, : w.rows - 1] = w.drafts, w.draft_probs
+                forced[b, : w.rows - 1] = self.body.is_forced[slot.n : slot.n + w.rows - 1]
+            n_drafts = to_device([0 if w is None else w.rows - 1 for w in windows], device)
         result, samples = verify_window(rule, target, target_entropy, drafts, draft_probs, forced, noise, n_drafts)
         kinds = torch.full((len(slots), rows), COMMIT_SAMPLED, dtype=torch.long, device=device)
         kinds[:, : rows - 1] = torch.where(
             result.accepted, torch.where(result.relaxed, COMMIT_RELAXED, COMMIT_ACCEPTED), COMMIT_SAMPLED
         )
-        stats = self._stats(result, n_drafts, forced)
+        stats = self._stats(result, forced, n_drafts)
         counts = (result.n_accepted + 1).tolist()  # the one host synchronisation of the iteration
         counts = [m if w is not None else 0 for m, w in zip(counts, windows, strict=True)]
         return Verified(counts, result.committed, kinds, target_entropy, stats, None, samples)
@@ -115,10 +122,13 @@ class ChainDrafter(Drafter):
             slot.draft.carried, slot.draft.carried_probs = refreshed, target[b, m : w.rows]
 
     @staticmethod
-    def _stats(result: WindowResult, n_drafts: torch.Tensor, forced: torch.Tensor) -> torch.Tensor:
-        """Device-side counters ``[B, len(STAT_KEYS)]`` in STAT_KEYS order (forced positions excluded)."""
-        positions = torch.arange(forced.shape[1], device=forced.device)
-        proposed = ((positions < n_drafts.unsqueeze(-1)) & ~forced).sum(-1)
+    def _stats(result: WindowResult, forced: torch.Tensor, n_drafts: torch.Tensor | None) -> torch.Tensor:
+        """Device-side counters ``[B, len(STAT_KEYS)]`` in STAT_KEYS order (forced positions excluded; ``n_drafts``
+        None: every window full)."""
+        free = ~forced
+        if n_drafts is not None:
+            free &= torch.arange(forced.shape[1], device=forced.device) < n_drafts.unsqueeze(-1)
+        proposed = free.sum(-1)
         verified = result.verified.sum(-1)
         zero = proposed * 0
         checks = verified if result.filter_pass is not None else zero
