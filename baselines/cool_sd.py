@@ -18,6 +18,8 @@ from __future__ import annotations
 import torch
 
 from csd.acceptance import AcceptanceRule, Verdict, likelihood_ratio
+from csd.params import Param
+from csd.schema import Float
 
 
 class CoolSD(AcceptanceRule):
@@ -26,12 +28,10 @@ class CoolSD(AcceptanceRule):
     name = "cool_sd"
     lossless = False
 
-    def __init__(self, anneal_scale: float = 1.1, anneal_decay: float = 0.7) -> None:
-        if not anneal_scale >= 1:
-            raise ValueError(f"cool_sd: anneal_scale must be >= 1, got {anneal_scale}")
-        if not anneal_decay >= 0:
-            raise ValueError(f"cool_sd: anneal_decay must be >= 0, got {anneal_decay}")
-        self.anneal_scale, self.anneal_decay = float(anneal_scale), float(anneal_decay)
+    PARAMS = {
+        "anneal_scale": Param(Float(min=1), 1.1, "the weight w of the first draft (the paper's 1.1 or 2)"),
+        "anneal_decay": Param(Float(min=0), 0.7, "nu: the weight's decay along the window"),
+    }
 
     def weights(self, depth: int) -> torch.Tensor:
         """``w_d`` for ``d = 0..depth-1``: ``max(1, anneal_scale exp(-anneal_decay d))``."""
@@ -43,5 +43,3 @@ class CoolSD(AcceptanceRule):
         relaxed = self.weights(ratio.shape[-1]).to(ratio) * ratio
         return Verdict(relaxed.clamp(max=1.0), ratio.clamp(max=1.0))
 
-    def params(self) -> dict[str, object]:
-        return {"anneal_scale": self.anneal_scale, "anneal_decay": self.anneal_decay}

@@ -13,6 +13,8 @@ from __future__ import annotations
 import torch
 
 from csd.acceptance import AcceptanceRule, Verdict, likelihood_ratio
+from csd.params import Param
+from csd.schema import Float
 
 
 class EntropySJD(AcceptanceRule):
@@ -21,12 +23,10 @@ class EntropySJD(AcceptanceRule):
     name = "entropy_sjd"
     lossless = False
 
-    def __init__(self, entropy_scale: float = 9.0, entropy_offset: float = 0.05) -> None:
-        if not entropy_scale > 0:
-            raise ValueError(f"entropy_sjd: entropy_scale must be > 0, got {entropy_scale}")
-        if not 0.0 <= entropy_offset <= 1.0:
-            raise ValueError(f"entropy_sjd: entropy_offset must be in [0, 1], got {entropy_offset}")
-        self.entropy_scale, self.entropy_offset = float(entropy_scale), float(entropy_offset)
+    PARAMS = {
+        "entropy_scale": Param(Float(gt=0), 9.0, "e in s = clamp(H(q)/e + o, 0, 1)"),
+        "entropy_offset": Param(Float(min=0, max=1), 0.05, "o in s = clamp(H(q)/e + o, 0, 1)"),
+    }
 
     def uniform_scale(self, target_entropy: torch.Tensor) -> torch.Tensor:
         """``s = clamp(H / e + o, 0, 1)``."""
@@ -38,5 +38,3 @@ class EntropySJD(AcceptanceRule):
         scaled = ratio / self.uniform_scale(target_entropy).clamp_min(1e-30)
         return Verdict(scaled.clamp(max=1.0), ratio.clamp(max=1.0))
 
-    def params(self) -> dict[str, object]:
-        return {"entropy_scale": self.entropy_scale, "entropy_offset": self.entropy_offset}

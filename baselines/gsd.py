@@ -23,6 +23,8 @@ import torch
 
 from csd.acceptance import AcceptanceRule, Verdict, gather_token, likelihood_ratio
 from csd.adapters.base import ModelAdapter
+from csd.params import Param
+from csd.schema import Bool, Float, Int
 
 #: pairs of distinct codes sampled (seed 0) to estimate the distance quantile of a vocabulary with more pairs than this
 QUANTILE_PAIRS = 1 << 22
@@ -51,24 +53,16 @@ class GSD(AcceptanceRule):
     name = "gsd"
     lossless = False
 
-    def __init__(
-        self,
-        group_size: int = 14,
-        prob_threshold: float = 0.15,
-        embed_threshold: float = 0.5,
-        code_parity: bool = False,
-        embed_threshold_quantile: float | None = None,
-    ) -> None:
-        if group_size < 0:
-            raise ValueError(f"gsd: group_size must be >= 0, got {group_size}")
-        if embed_threshold_quantile is not None and not 0.0 <= embed_threshold_quantile <= 1.0:
-            raise ValueError(f"gsd: embed_threshold_quantile must be in [0, 1], got {embed_threshold_quantile}")
-        self.group_size = int(group_size)
-        self.prob_threshold = float(prob_threshold)
-        self.embed_threshold = float(embed_threshold)
-        self.code_parity = bool(code_parity)
-        self.embed_threshold_quantile = embed_threshold_quantile
-        self.embeddings: torch.Tensor | None = None
+    PARAMS = {
+        # G/2 neighbours on each side of x; G < 2 leaves x alone (SJD)
+        "group_size": Param(Int(min=2), 14, "G: the group spans the tokens ranked within G/2 of x by q"),
+        "prob_threshold": Param(Float(min=0, max=1), 0.15, "a group member's |q(v) - q(x)| must stay below this"),
+        "embed_threshold": Param(Float(min=0), 0.5, "a group member's squared embedding distance to x must stay below this"),
+        "code_parity": Param(Bool(), False, "true: the released code's group (its slice of ranks and its fallback)"),
+        "embed_threshold_quantile": Param(Float(min=0, max=1, null="for the absolute embed_threshold"), None,
+                                          "scale-free embed_threshold: this quantile of the model's pairwise distances"),
+    }
+    embeddings: torch.Tensor | None = None
 
     def setup(self, adapter: ModelAdapter) -> None:
         self.embeddings = adapter.token_embeddings().detach().float()

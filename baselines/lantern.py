@@ -22,6 +22,8 @@ import torch
 
 from csd.acceptance import AcceptanceRule, Residual, Verdict, gather_token, likelihood_ratio, positive_part
 from csd.adapters.base import ModelAdapter
+from csd.params import Param
+from csd.schema import Bool, Float, Int
 
 
 def nearest_neighbours(codebook: torch.Tensor, k: int, chunk: int = 2048) -> torch.Tensor:
@@ -39,30 +41,32 @@ def nearest_neighbours(codebook: torch.Tensor, k: int, chunk: int = 2048) -> tor
 
 
 class Lantern(AcceptanceRule):
+    """LANTERN's relaxed acceptance: ``k`` = ``neighbours``, ``delta`` = ``budget`` (the names of the paper's symbols
+    would clash with other rules' keys; ``method.k`` / ``method.delta`` still work for LANTERN, with a warning)."""
+
     name = "lantern"
     lossless = False
-
-    def __init__(self, k: int = 1000, delta: float = 0.1, code_parity: bool = False) -> None:
-        if k < 1:
-            raise ValueError(f"lantern: k must be >= 1, got {k}")
-        if not 0.0 <= delta <= 1.0:
-            raise ValueError(f"lantern: delta must be in [0, 1], got {delta}")
-        self.k, self.delta, self.code_parity = int(k), float(delta), bool(code_parity)
-        self.neighbours: torch.Tensor | None = None
+    PARAMS = {
+        "neighbours": Param(Int(min=1), 1000, "k: the nearest VQ-codebook neighbours of x whose mass may be added"),
+        "budget": Param(Float(min=0, max=1), 0.1, "delta: the most neighbour mass s_J added to q(x)"),
+        "code_parity": Param(Bool(), False, "true: the released code's residual (zeroes k + 1 neighbours)"),
+    }
+    renamed = {"k": "neighbours", "delta": "budget"}
+    neighbours_table: torch.Tensor | None = None
 
     def setup(self, adapter: ModelAdapter) -> None:
         # the code's residual zeroes one neighbour more than the acceptance may use
-        table = self.k + 1 if self.code_parity else self.k
-        self.neighbours = nearest_neighbours(adapter.codebook().detach().to(adapter.device), table)
+        table = self.neighbours + 1 if self.code_parity else self.neighbours
+        self.neighbours_table = nearest_neighbours(adapter.codebook().detach().to(adapter.device), table)
 
     def _used_neighbours(self, target_probs: torch.Tensor, drafts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Neighbour ids ``[..., n]`` of each draft (``n`` = the table's width: ``k``, or ``k + 1`` with
         ``code_parity``) and a mask of the first ``J`` (those among the first ``k`` with ``s_j <= delta``)."""
-        if self.neighbours is None:
+        if self.neighbours_table is None:
             raise RuntimeError("lantern: call setup(adapter) first (it needs the VQ codebook)")
-        nbrs = self.neighbours.to(drafts.device)[drafts]
-        used = target_probs.gather(-1, nbrs).cumsum(-1) <= self.delta
-        used[..., self.k :] = False  # s_j grows with j, so `used` is a prefix: the first J of the first k
+        nbrs = self.neighbours_table.to(drafts.device)[drafts]
+        used = target_probs.gather(-1, nbrs).cumsum(-1) <= self.budget
+        used[..., self.neighbours :] = False  # s_j grows with j, so `used` is a prefix: the first J of the first k
         return nbrs, used
 
     def accept_prob(self, target_probs, draft_probs, drafts, target_entropy) -> Verdict:
@@ -84,7 +88,7 @@ class Lantern(AcceptanceRule):
         return positive_part(zeroed, draft_probs, fallback)
 
     def params(self) -> dict[str, object]:
-        params: dict[str, object] = {"k": self.k, "delta": self.delta}
+        params: dict[str, object] = {"neighbours": self.neighbours, "budget": self.budget}
         if self.code_parity:  # recorded only when set: records made before the option stay comparable
             params["code_parity"] = True
         return params

@@ -6,6 +6,8 @@ Both keep the lossless residual ``norm([q - p]_+)``.
 from __future__ import annotations
 
 from csd.acceptance import AcceptanceRule, Verdict, likelihood_ratio
+from csd.params import Param
+from csd.schema import Float
 
 
 class Addition(AcceptanceRule):
@@ -13,34 +15,22 @@ class Addition(AcceptanceRule):
 
     name = "addition"
     lossless = False
-
-    def __init__(self, c: float = 0.1) -> None:
-        if c < 0:
-            raise ValueError(f"addition: c must be >= 0, got {c}")
-        self.c = float(c)
+    PARAMS = {"c": Param(Float(min=0), 0.1, "c: the constant added to q(x)/p(x)")}
 
     def accept_prob(self, target_probs, draft_probs, drafts, target_entropy) -> Verdict:
         ratio = likelihood_ratio(target_probs, draft_probs, drafts)
         return Verdict((ratio + self.c).clamp(max=1.0), ratio.clamp(max=1.0))
 
-    def params(self) -> dict[str, object]:
-        return {"c": self.c}
 
 
 class Amplify(AcceptanceRule):
-    """``b = min(1, k q(x)/p(x))`` (papers use k = 3, 4)."""
+    """``b = min(1, k q(x)/p(x))`` with ``k`` = ``factor`` (papers use k = 3, 4)."""
 
     name = "amplify"
     lossless = False
-
-    def __init__(self, k: float = 3.0) -> None:
-        if k < 1:
-            raise ValueError(f"amplify: k must be >= 1, got {k}")
-        self.k = float(k)
+    PARAMS = {"factor": Param(Float(min=1), 3.0, "k: the factor that multiplies q(x)/p(x)")}
+    renamed = {"k": "factor"}
 
     def accept_prob(self, target_probs, draft_probs, drafts, target_entropy) -> Verdict:
         ratio = likelihood_ratio(target_probs, draft_probs, drafts)
-        return Verdict((self.k * ratio).clamp(max=1.0), ratio.clamp(max=1.0))
-
-    def params(self) -> dict[str, object]:
-        return {"k": self.k}
+        return Verdict((self.factor * ratio).clamp(max=1.0), ratio.clamp(max=1.0))

@@ -15,10 +15,15 @@ never synchronise with the host. SJD and CSD live here; the other baselines live
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
-from csd.adapters.base import ModelAdapter
+from csd.params import Param, Parametrized
+from csd.schema import Choice, Float
+
+if TYPE_CHECKING:
+    from csd.adapters.base import ModelAdapter
 
 
 @dataclass
@@ -78,8 +83,9 @@ def total_variation(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return 0.5 * (a - b).abs().sum(-1)
 
 
-class AcceptanceRule:
-    """Base rule: lossless acceptance ``min(1, q(x)/p(x))`` with residual ``norm([q - p]_+)``."""
+class AcceptanceRule(Parametrized):
+    """Base rule: lossless acceptance ``min(1, q(x)/p(x))`` with residual ``norm([q - p]_+)``. A rule declares its
+    hyper-parameters in ``PARAMS`` (``csd.params``); its ``method.<key>`` config keys are checked against them."""
 
     name = "sjd"
     #: True when the committed tokens are distributed exactly as the target (tests assert it)
@@ -103,8 +109,8 @@ class AcceptanceRule:
         return positive_part(target_probs, draft_probs, target_probs)
 
     def params(self) -> dict[str, object]:
-        """Hyper-parameters recorded with every image."""
-        return {}
+        """Hyper-parameters recorded with every image (default: every declared one)."""
+        return self.param_values()
 
 
 class SJD(AcceptanceRule):
@@ -125,15 +131,12 @@ class CSD(AcceptanceRule):
 
     name = "csd"
     lossless = False
-
-    def __init__(self, lam: float = 0.1, delta: float = 0.5, entropy_norm: str = "none") -> None:
-        if lam < 0:
-            raise ValueError(f"csd: lam must be >= 0, got {lam}")
-        if not 0.0 <= delta <= 1.0:
-            raise ValueError(f"csd: delta must be in [0, 1], got {delta}")
-        if entropy_norm not in ENTROPY_NORMS:
-            raise ValueError(f"csd: entropy_norm must be one of {ENTROPY_NORMS}, got {entropy_norm!r}")
-        self.lam, self.delta, self.entropy_norm = float(lam), float(delta), entropy_norm
+    PARAMS = {
+        "lam": Param(Float(min=0), 0.1, "lambda: weight of the target entropy in b = min(1, q/p + lam H~(q))"),
+        "delta": Param(Float(min=0, max=1), 0.5, "delta: relax only where TV(p, q) < delta (the alignment filter)"),
+        "entropy_norm": Param(Choice(options=ENTROPY_NORMS), "none",
+                              "H~: raw nats (none), H / log V (log_vocab) or H / log |supp q| (log_support)"),
+    }
 
     def normalised_entropy(self, target_probs: torch.Tensor, target_entropy: torch.Tensor) -> torch.Tensor:
         if self.entropy_norm == "log_vocab":
@@ -150,5 +153,3 @@ class CSD(AcceptanceRule):
         relaxed = (ratio + self.lam * self.normalised_entropy(target_probs, target_entropy)).clamp(max=1.0)
         return Verdict(torch.where(aligned, relaxed, lossless), lossless, aligned)
 
-    def params(self) -> dict[str, object]:
-        return {"lam": self.lam, "delta": self.delta, "entropy_norm": self.entropy_norm}

@@ -241,22 +241,25 @@ def run_stages(cfg: DictConfig) -> None:
 
             evaluate_run(run_dir, cfg)
         if cfg.stage == "report" or (cfg.stage == "all" and not in_multirun() and not sharded):
-            from csd.report import build_report
-
-            target = Path(cfg.sweep_dir) if cfg.stage == "report" and cfg.sweep_dir else run_dir
-            report = build_report(target, cfg)
-            import pandas as pd
-
-            from csd.report.table import console_tables
-
-            print(console_tables(pd.read_csv(report / "runs.csv"), report))  # the full tables: table_<model>.md
-            print(f"report: {report}")
+            report_stage(cfg, Path(cfg.sweep_dir) if cfg.stage == "report" and cfg.sweep_dir else run_dir)
     except (ConfigError, RecordsError, LockHeldError, MissingWeightsError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         raise SystemExit(2) from None
     except KeyboardInterrupt as err:  # one line, not a traceback; 130 = 128 + SIGINT
         print(f"interrupted: {interrupted_message(cfg, str(err))}", file=sys.stderr)
         raise SystemExit(130) from None
+
+
+def report_stage(cfg: DictConfig, target: Path) -> None:
+    """Build the report of ``target`` (a sweep or a run) and print its compact tables (the full ones: its files)."""
+    import pandas as pd
+
+    from csd.report import build_report
+    from csd.report.table import console_tables
+
+    report = build_report(target, cfg)
+    print(console_tables(pd.read_csv(report / "runs.csv"), report))
+    print(f"report: {report}")
 
 
 def interrupted_message(cfg: DictConfig, saved: str, multirun: bool | None = None) -> str:

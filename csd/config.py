@@ -6,10 +6,8 @@ each value of the composed config against it and warns about keys nothing reads.
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import functools
-import inspect
 import logging
 import typing
 import weakref
@@ -23,11 +21,12 @@ from hydra.errors import OverrideParseException
 from hydra.utils import get_class, get_method
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from csd.acceptance import ENTROPY_NORMS, AcceptanceRule
+from csd.acceptance import AcceptanceRule
 from csd.adapters.base import EntropyTemperature, ModelAdapter
 from csd.drafters import COUPLINGS, DRAFT_RECORDS, INIT_SCHEMES, Drafter
 from csd.evaluation.images import step_error
 from csd.fast import CompiledStep
+from csd.params import current_names
 from csd.prompts import Prompt
 from csd.schema import (
     Bool,
@@ -65,23 +64,34 @@ class ConfigError(ValueError):
     """A config value is invalid; the message names it and the allowed values."""
 
 
+def config_dirs() -> list[Path]:
+    """``conf/`` and, inside a Hydra app, the directories ``hydra.searchpath`` adds (a rule or drafter of one's own:
+    its YAML file there, its module importable)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    dirs = [CONF_DIR]
+    if HydraConfig.initialized():
+        dirs += [Path(s.path) for s in HydraConfig.get().runtime.config_sources
+                 if s.schema == "file" and Path(s.path) != CONF_DIR]
+    return dirs
+
+
 def choices(group: str) -> list[str]:
-    """The options of a config group (the files in ``conf/<group>/``)."""
-    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+    """The options of a config group (the files in ``<config dir>/<group>/``)."""
+    return sorted({p.stem for d in config_dirs() for p in (d / group).glob("*.yaml")})
 
 
-@functools.cache
 def metric_names() -> list[str]:
-    """The keys of ``csd.evaluation.metrics.METRICS``, read from its source: importing it loads open_clip
-    and torchmetrics (~5 s), too slow for a check that also runs in the notebook API."""
-    source = Path(__file__).resolve().parent / "evaluation" / "metrics.py"
-    tree = ast.parse(source.read_text(encoding="utf-8"))
-    registry = next(n for n in tree.body if isinstance(n, ast.AnnAssign) and ast.unparse(n.target) == "METRICS")
-    return sorted(ast.literal_eval(key) for key in registry.value.keys)
+    """The registered metric names (``csd.evaluation.registry``, which imports no metric)."""
+    from csd.evaluation.registry import METRICS
+
+    return sorted(METRICS)
 
 
 #: what null means for a key every method carries but only some use (method_keys.yaml)
 UNSET = "for the method's default"
+#: the keys every method file carries (conf/method_keys.yaml): null unless the chosen rule uses them
+SHARED_METHOD_KEYS = tuple(OmegaConf.load(CONF_DIR / "method_keys.yaml"))
 #: what null means for the deprecated drafting keys of method_keys.yaml
 MOVED = "for the drafter's value (deprecated key: use drafter.<key>)"
 
@@ -122,30 +132,11 @@ SCHEMA: dict[str, Spec | ByTarget] = {
     "method.tree_width": Int(min=1, null=MOVED),
     "method.tree_depth": Int(min=1, null=MOVED),
     "method.pac_code_parity": Bool(null=MOVED),
-    "method.lam": Float(min=0, null=UNSET),
-    "method.delta": Float(min=0, max=1, null=UNSET),
-    "method.entropy_norm": Choice(options=ENTROPY_NORMS, null=UNSET),
-    "method.c": Float(min=0, null=UNSET),
-    "method.k": ByTarget(Float(min=1, null=UNSET), {"baselines.lantern.Lantern": Int(min=1, null=UNSET)}),
-    "method.group_size": Int(min=2, null=UNSET),  # G/2 neighbours on each side of x; G < 2 leaves x alone (SJD)
-    "method.prob_threshold": Float(min=0, max=1, null=UNSET),
-    "method.embed_threshold": Float(min=0, null=UNSET),
-    "method.embed_threshold_quantile": Float(min=0, max=1, null="for the absolute method.embed_threshold"),
-    "method.entropy_scale": Float(gt=0, null=UNSET),
-    "method.entropy_offset": Float(min=0, max=1, null=UNSET),
-    "method.anneal_scale": Float(min=1, null=UNSET),
-    "method.anneal_decay": Float(min=0, null=UNSET),
-    "method.code_parity": Bool(null=UNSET),
+    # the rule's own keys: its class's declarations (csd.params, declared_spec)
     # conf/drafter/*.yaml
     "drafter.name": Group(group="drafter", options=choices),
     "drafter._target_": Str(),
-    "drafter.window": Int(min=1),
-    "drafter.init": Choice(options=INIT_SCHEMES),
-    "drafter.coupling": Choice(options=COUPLINGS),
-    "drafter.draft_record": Choice(options=DRAFT_RECORDS),
-    "drafter.width": Int(min=2),
-    "drafter.depth": Int(min=2),
-    "drafter.code_parity": Bool(),
+    # the drafter's own keys: its class's declarations (csd.params, declared_spec)
     # conf/model/*.yaml
     "model.name": Group(group="model", options=choices),
     "model._target_": Str(),
@@ -279,10 +270,23 @@ def config_groups() -> list[str]:
     return sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir() and p.name != "hydra")
 
 
-def known_key(key: str) -> bool:
-    """Whether ``key`` is a :data:`SCHEMA` key, inside one that holds a mapping (``study.rules.<label>.knob``,
+def known_keys(dirs: Sequence[Path] = (CONF_DIR,)) -> list[str]:
+    """:data:`SCHEMA`'s keys, the shared method keys and every key of a method or drafter file in ``dirs`` (its
+    class's declared parameters)."""
+    keys = set(SCHEMA) | {f"method.{k}" for k in SHARED_METHOD_KEYS}
+    for conf in dirs:
+        for group in ("method", "drafter"):
+            for path in (conf / group).glob("*.yaml"):
+                node = OmegaConf.load(path)
+                node = node.get(group, {}) if path.read_text().startswith("# @package _global_") else node
+                keys |= {f"{group}.{k}" for k in node if k != "defaults"}
+    return sorted(keys)
+
+
+def known_key(key: str, keys: Sequence[str]) -> bool:
+    """Whether ``key`` is one of ``keys``, inside one that holds a mapping (``study.rules.<label>.knob``,
     ``model.entropy_temperature.t0``) or above some (``eval.fid``)."""
-    return any(key == k or key.startswith(k + ".") or k.startswith(key + ".") for k in SCHEMA)
+    return any(key == k or key.startswith(k + ".") or k.startswith(key + ".") for k in keys)
 
 
 def edit_distance(a: str, b: str) -> int:
@@ -314,13 +318,19 @@ def check_overrides(args: Sequence[str]) -> None:
     flags are left to Hydra, and so is anything it cannot parse."""
     parser = OverridesParser.create()
     groups = config_groups()
+    overrides = []
     for arg in args:
         if arg.startswith("-") or "=" not in arg:
             continue
         try:
-            override = parser.parse_override(arg)
+            overrides.append((arg, parser.parse_override(arg)))
         except OverrideParseException:
             continue
+    # hydra.searchpath=[file://<dir>, ...] adds config directories (a rule or drafter of one's own)
+    dirs = [CONF_DIR] + [Path(str(path).removeprefix("file://")) for _, o in overrides if o.key_or_group == "hydra.searchpath"
+                         for path in (o.value() or []) if str(path).startswith("file://")]
+    keys = known_keys(dirs)
+    for arg, override in overrides:
         key = override.key_or_group
         if (override.is_add() or override.is_force_add() or override.is_delete() or override.package is not None
                 or key.split("/")[0].split(".")[0] == "hydra"):
@@ -328,14 +338,15 @@ def check_overrides(args: Sequence[str]) -> None:
         if key in groups:
             if override.is_sweep_override() and not override.is_discrete_sweep():
                 continue
+            options = sorted({p.stem for d in dirs for p in (d / key).glob("*.yaml")})
             values = list(override.sweep_string_iterator()) if override.is_sweep_override() else [override.value()]
             for value in values:
-                if value is not None and value not in choices(key):
-                    close = close_names(str(value), choices(key))
+                if value is not None and value not in options:
+                    close = close_names(str(value), options)
                     hint = f"did you mean {close}? " if close else ""
-                    raise ConfigError(f"{key}={show(value)}: {hint}choose one of {choices(key)}")
-        elif not known_key(key):
-            close = close_names(key, [*SCHEMA, *groups])
+                    raise ConfigError(f"{key}={show(value)}: {hint}choose one of {options}")
+        elif not known_key(key, keys):
+            close = close_names(key, [*keys, *groups])
             what = "a config key or group" if "." not in key else "a config key"
             raise ConfigError(f"{key} is not {what}{f'; did you mean {close}?' if close else ''} "
                               f"(to add a new key on purpose: +{arg})")
@@ -357,14 +368,13 @@ def _leaves(node: DictConfig, prefix: str = "") -> Iterator[tuple[str, Any]]:
 
 
 def _rule_params(method: DictConfig) -> tuple[type[AcceptanceRule], dict[str, Any], list[str]]:
-    """The rule class, the (non-null) hyper-parameters it accepts and the set keys it ignores."""
+    """The rule class, the (non-null) hyper-parameters it declares and the set keys it ignores."""
     cls = get_class(method._target_)
-    accepted = set(inspect.signature(cls.__init__).parameters) - {"self"}
     params, ignored = {}, []
     for key, value in method.items():
         if key in ENGINE_KEYS or value is None:
             continue
-        if key in accepted:
+        if key in cls.PARAMS:
             params[key] = value
         else:
             ignored.append(key)
@@ -386,14 +396,30 @@ def _warn_once(cfg: DictConfig, messages: list[str]) -> None:
         log.warning(message)
 
 
+def declared_spec(cfg: DictConfig, key: str) -> Spec | None:
+    """The spec of a rule's or drafter's own key (``method.lam``, ``drafter.width``; a renamed one's old name) from its
+    class's declaration (``csd.params``); a rule's key may be null (its default). None when the class does not
+    declare it."""
+    group, _, name = key.partition(".")
+    if group not in ("method", "drafter") or "." in name:
+        return None
+    cls = get_class(cfg[group]._target_)
+    param = cls.PARAMS.get(cls.renamed.get(name, name))  # an old name is checked as the parameter it names
+    if param is None:
+        return None
+    return dataclasses.replace(param.spec, null=UNSET) if group == "method" and param.spec.null is None else param.spec
+
+
 def _check_schema(cfg: DictConfig) -> list[str]:
-    """Check every value against :data:`SCHEMA` (a :class:`ConfigError` for the first bad one); returns the keys it
-    does not know."""
+    """Check every value against :data:`SCHEMA` or its class's declaration (a :class:`ConfigError` for the first bad
+    one); returns the keys nothing reads (a method key another rule uses, or a renamed one, is read: see
+    :func:`move_deprecated_keys` and the ignored-key warning)."""
     unknown = []
     for key, value in _leaves(cfg):
-        spec = SCHEMA.get(key)
+        spec = SCHEMA.get(key) or declared_spec(cfg, key)
         if spec is None:
-            unknown.append(key)
+            if not (key.startswith("method.") and key[7:] in SHARED_METHOD_KEYS):
+                unknown.append(key)
             continue
         if isinstance(spec, ByTarget):
             spec = spec.pick(OmegaConf.select(cfg, f"{key.split('.')[0]}._target_"))
@@ -404,24 +430,30 @@ def _check_schema(cfg: DictConfig) -> list[str]:
 
 
 def validate(cfg: DictConfig) -> None:
-    """Check every value against :data:`SCHEMA`, then the cross-key rules and the rule's own checks.
+    """Check every value against :data:`SCHEMA` and the rule's and drafter's declarations, then the cross-key rules
+    and their own checks; once, where a run starts (``run.py``, the notebook API, each multirun job).
 
-    Raises :class:`ConfigError` (one line: the value and what is allowed); warns once per config about
-    keys nothing reads and method keys the chosen method ignores. Deprecated ``method.<drafting key>`` values are
-    moved to the drafter first (:func:`move_drafter_keys`).
+    Raises :class:`ConfigError` (one line: the value and what is allowed); warns once per config about keys nothing
+    reads, method keys the chosen method ignores and deprecated names. Deprecated ``method.<drafting key>`` values
+    and a rule's renamed keys are moved to their current place first (:func:`move_deprecated_keys`).
     """
     unknown = _check_schema(cfg)
-    moved = move_drafter_keys(cfg)
+    moved = move_deprecated_keys(cfg)
     if moved:
         _check_schema(cfg)
+    _cross_checks(cfg)
+    _warn_once(cfg, [*moved, *_warnings(cfg, unknown)])
+
+
+def _cross_checks(cfg: DictConfig) -> None:
+    """The checks across keys, and the rule's and drafter's own, before any model loads."""
     m, d, window = cfg.method, cfg.dataset, cfg.drafter.window
     _check(m.name != "ar" or window == 1, f"method=ar needs drafter.window=1, got {window}")
     _check(m.name == "ar" or window > 1, f"method={m.name} with drafter.window=1 decodes exactly like method=ar (one "
            "token per forward, no drafts) but would be labelled and reported as another method: use method=ar, or "
            "drafter.window >= 2")
     _check(d.shard < d.num_shards, f"dataset.shard={d.shard} must be < dataset.num_shards={d.num_shards}")
-    drafter = build_drafter(cfg.drafter)  # the drafter's own checks, before any model loads
-    problem = drafter.problem(cfg.engine.batch_size, cfg.engine.compile)
+    problem = build_drafter(cfg.drafter).problem(cfg.engine.batch_size, cfg.engine.compile)
     _check(problem is None, str(problem))
     _check(not cfg.engine.compile or adapter_class(cfg.model).compilable,
            f"engine.compile=true: model={cfg.model.name} has no compiled path; use engine.compile=false")
@@ -430,27 +462,27 @@ def validate(cfg: DictConfig) -> None:
            f"eval.protocol={OmegaConf.select(cfg, 'eval.protocol')} was published on COCO prompts chosen by "
            f"dataset.caption_rule={rule}, but dataset.caption_rule={d.get('caption_rule')}; set "
            f"dataset.caption_rule={rule}, or eval.caption_rule=null to apply its metrics to these prompts")
-    build_rule(m)  # the rule's own checks, still before any model loads
+    build_rule(m)
     entropy_temperature(cfg.model)
+
+
+def _warnings(cfg: DictConfig, unknown: list[str]) -> list[str]:
+    """Keys nothing reads, settings that have no effect, deprecated keys."""
     warnings = []
-    if moved:
-        warnings.append(f"{', '.join(f'method.{k}' for k in moved)} deprecated: the drafting keys moved to the drafter "
-                        f"group; use {', '.join(f'drafter.{MOVED_TO_DRAFTER[k]}' for k in moved)}"
-                        + (" with drafter=pac_tree" if any(MOVED_TO_DRAFTER[k] in TREE_KEYS for k in moved) else ""))
     if unknown:
-        named = [f"{key} (did you mean {close}?)" if (close := close_names(key, list(SCHEMA))) else key
+        named = [f"{key} (did you mean {close}?)" if (close := close_names(key, known_keys())) else key
                  for key in unknown]
         warnings.append(f"ignoring config key(s) that csd-bench does not read: {', '.join(named)}")
     if cfg.engine.max_cache_len is not None and not cfg.engine.compile:
-        warnings.append(f"ignoring engine.max_cache_len={cfg.engine.max_cache_len}: it sizes the static cache of "
+        warnings.append(f"ignoring engine.max_cache_len={cfg.engine.max_cache_len}: it sizes the fixed cache of "
                         "engine.compile=true; the eager cache grows with each prompt")
     if OmegaConf.select(cfg, "eval.toy.metrics") is not None:
         warnings.append("eval.toy.metrics is deprecated: use eval.metrics, which now chooses the metrics of every "
                         "model (the toy's too); eval.toy.metrics stands in for it on toy models while it is null")
-    ignored = _rule_params(m)[2]
+    ignored = _rule_params(cfg.method)[2]
     if ignored:
-        warnings.append(f"method={m.name} has no parameter(s) {ignored}; ignoring them")
-    _warn_once(cfg, warnings)
+        warnings.append(f"method={cfg.method.name} has no parameter(s) {ignored}; ignoring them")
+    return warnings
 
 
 def build_rule(method: DictConfig) -> AcceptanceRule:
@@ -520,10 +552,33 @@ def load_prompts(dataset: DictConfig) -> list[Prompt]:
     return prompts
 
 
-def move_drafter_keys(cfg: DictConfig) -> list[str]:
-    """Move deprecated ``method.<drafting key>`` values (:data:`MOVED_TO_DRAFTER`) into ``cfg.drafter``; returns the
-    keys moved. ``method.tree_width > 1`` on a chain drafter switches to ``drafter=pac_tree`` and ``method.tree_width=1``
-    on a tree to ``drafter=chain``, keeping the window settings, as the method keys decoded before the drafter group."""
+def move_deprecated_keys(cfg: DictConfig) -> list[str]:
+    """Move deprecated names to their current place; returns one warning per kind moved.
+
+    ``method.<drafting key>`` (:data:`MOVED_TO_DRAFTER`) goes into ``cfg.drafter``: ``method.tree_width > 1`` on a
+    chain drafter switches to ``drafter=pac_tree`` and ``method.tree_width=1`` on a tree to ``drafter=chain``,
+    keeping the window settings, as the method keys decoded before the drafter group. A rule's renamed key
+    (``method.k`` of LANTERN and Amplify, LANTERN's ``method.delta``) sets its current name.
+    """
+    warnings = []
+    moved = _move_drafter_keys(cfg)
+    if moved:
+        warnings.append(f"{', '.join(f'method.{k}' for k in moved)} deprecated: the drafting keys moved to the drafter "
+                        f"group; use {', '.join(f'drafter.{MOVED_TO_DRAFTER[k]}' for k in moved)}"
+                        + (" with drafter=pac_tree" if any(MOVED_TO_DRAFTER[k] in TREE_KEYS for k in moved) else ""))
+    method = cfg.method
+    renamed = {old: new for old, new in get_class(method._target_).renamed.items() if method.get(old) is not None}
+    if renamed:
+        with open_dict(method):
+            for old, new in renamed.items():
+                method[new], method[old] = method[old], None
+        warnings.append(f"method={method.name}: {', '.join(f'method.{old}' for old in renamed)} renamed; use "
+                        f"{', '.join(f'method.{new}' for new in renamed.values())}")
+    return warnings
+
+
+def _move_drafter_keys(cfg: DictConfig) -> list[str]:
+    """The drafting part of :func:`move_deprecated_keys`; returns the keys moved."""
     method = cfg.method
     moved = {key: method[key] for key in MOVED_TO_DRAFTER if method.get(key) is not None}
     if not moved:
@@ -559,7 +614,25 @@ def build_drafter(drafter: DictConfig) -> Drafter:
         raise ConfigError(str(err)) from err
 
 
+@functools.cache
+def rule_class_of(method: str) -> type[AcceptanceRule] | None:
+    """The rule class of ``method=<method>`` (its config file's ``_target_``), None without a config file in
+    ``conf/`` (a rule of one's own has no renamed parameters)."""
+    if not (CONF_DIR / "method" / f"{method}.yaml").exists():
+        return None
+    from csd.study import method_config
+
+    return get_class(method_config(method, {}).method._target_)
+
+
+def current_method_params(method: str, params: dict[str, Any]) -> dict[str, Any]:
+    """A run's or record's ``method_params`` under the rule's current parameter names (``csd.params.renamed``: a run
+    made before LANTERN's ``k``/``delta`` became ``neighbours``/``budget`` still resumes, evaluates and reports)."""
+    cls = rule_class_of(method)
+    return params if cls is None else current_names(cls, params)
+
+
 def method_params(cfg: DictConfig) -> dict[str, Any]:
     """What a run records about its method: the drafter's settings plus the rule's own hyper-parameters."""
-    move_drafter_keys(cfg)
+    move_deprecated_keys(cfg)
     return {**build_drafter(cfg.drafter).params(), **build_rule(cfg.method).params()}

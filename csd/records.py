@@ -185,10 +185,16 @@ def settings_mismatch(record: dict[str, Any], settings: dict[str, Any]) -> tuple
     """Where ``record`` was made with other settings than the run's (``settings``: run.json's method, model
     and method_params): ``(field, record's value, run's value)`` of the first differing field
     (``method_params.<key>`` for a parameter), or None. A parameter one side lacks matches its
-    :data:`IMPLICIT_METHOD_PARAMS` value."""
+    :data:`IMPLICIT_METHOD_PARAMS` value; renamed parameters compare under their current names."""
+    from csd.config import (
+        current_method_params,  # the rule's renamed parameters (records made before a rename)
+    )
+
     for field in SETTINGS_FIELDS:
         ours, theirs = record.get(field), settings.get(field)
         if field == "method_params" and isinstance(ours, dict) and isinstance(theirs, dict):
+            ours = current_method_params(str(record.get("method")), ours)
+            theirs = current_method_params(str(settings.get("method")), theirs)
             for key in sorted(ours.keys() | theirs.keys()):
                 implicit = IMPLICIT_METHOD_PARAMS.get(key)
                 if ours.get(key, implicit) != theirs.get(key, implicit):

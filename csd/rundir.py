@@ -17,6 +17,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 
 from csd.config import ConfigError, build_drafter, load_prompts, resolve_device
@@ -87,18 +88,28 @@ ADDED_KEYS = {
 }
 
 
+def current_fingerprint_names(keys: dict[str, Any]) -> dict[str, Any]:
+    """A stored fingerprint with the rule's renamed parameters (``method.<old>``) under their current names."""
+    target = keys.get("method._target_")
+    try:
+        renamed = get_class(target).renamed if target else {}
+    except (ImportError, AttributeError):  # a rule of one's own that is not importable here: nothing to rename
+        renamed = {}
+    return {f"method.{renamed.get(k[7:], k[7:])}" if k.startswith("method.") else k: v for k, v in keys.items()}
+
+
 def stored_fingerprint(run_dir: Path, new: dict[str, Any]) -> dict[str, Any] | None:
     """The directory's fingerprint: ``fingerprint.json``, else derived from an older run's ``config.yaml``
     (keys of :data:`ADDED_KEYS` that it lacks and the ``new`` fingerprint has take their implicit value)."""
     added = {k: v for k, v in ADDED_KEYS.items() if k in new}
     path = run_dir / FINGERPRINT_FILE
     if path.exists():
-        return {**added, **json.loads(path.read_text())["keys"]}
+        return {**added, **current_fingerprint_names(json.loads(path.read_text())["keys"])}
     config = run_dir / "config.yaml"
     if config.exists():
         old = OmegaConf.load(config)
         try:
-            return {**added, **fingerprint(old, load_prompts(old.dataset))}
+            return {**added, **current_fingerprint_names(fingerprint(old, load_prompts(old.dataset)))}
         except (AttributeError, KeyError, ValueError, OSError) as err:  # an older layout, or its dataset file is gone
             raise ConfigError(
                 f"{run_dir} has records but its settings cannot be rebuilt from {config} ({err}); use a new hydra.run.dir"

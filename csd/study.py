@@ -22,19 +22,20 @@ from typing import Any
 import numpy as np
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
+from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from csd.config import (
     CONF_DIR,
-    SCHEMA,
     ConfigError,
     build_adapter,
     build_drafter,
     build_rule,
     compiled_step,
     load_prompts,
-    move_drafter_keys,
+    move_deprecated_keys,
     resolve_device,
+    rule_class_of,
     validate,
 )
 from csd.evaluation import METRICS_FILE
@@ -48,10 +49,11 @@ from csd.evaluation.attribution import (
 )
 from csd.evaluation.content import acceptance_by_entropy, on_grid, region_grid
 from csd.evaluation.intervals import paired
+from csd.params import current_names
 from csd.records import load_records, record_files
 from csd.report.collect import load_run
 from csd.report.matched import KnobMatch, bracketing_mixture, match_compression
-from csd.schema import ByTarget, Float
+from csd.schema import Float
 
 log = logging.getLogger(__name__)
 CALIBRATION_FILE = "study_calibration.json"
@@ -99,17 +101,15 @@ def check_study(cfg: DictConfig) -> None:
                           "overrides}")
     for name, spec in study.rules.items():
         where = f"study.rules.{name}"
-        key = f"method.{spec.knob}"
-        knob_spec = SCHEMA.get(key)
-        for extra in (spec.knob, *spec.overrides):
-            if f"method.{extra}" not in SCHEMA:
-                raise ConfigError(f"{where}: {extra!r} is not a method key")
         method = method_config(spec.method, {}).method
-        if isinstance(knob_spec, ByTarget):
-            knob_spec = knob_spec.pick(method._target_)
-        if not isinstance(knob_spec, Float) or spec.knob not in build_rule(method).params():
+        declared = get_class(method._target_).PARAMS
+        if spec.knob not in declared or not isinstance(declared[spec.knob].spec, Float):
             raise ConfigError(f"{where}.knob={spec.knob!r} must be a real-valued hyper-parameter of method={spec.method} "
-                              f"(it has {sorted(build_rule(method).params())})")
+                              f"(it has {sorted(declared)})")
+        for extra in spec.overrides:
+            if extra not in declared:
+                raise ConfigError(f"{where}: {extra!r} is not a parameter of method={spec.method} (it has "
+                                  f"{sorted(declared)})")
         if not spec.lo < spec.hi:
             raise ConfigError(f"{where}: need lo < hi, got lo={spec.lo}, hi={spec.hi}")
         if spec.log_scale and spec.lo <= 0:
@@ -161,11 +161,23 @@ class Calibrator:
         if self._adapter is None:
             self._adapter = build_adapter(self.cfg.model, resolve_device(self.cfg.device))
             self._compiled = compiled_step(self._adapter, self.cfg.engine)
-        move_drafter_keys(setup)
+        move_deprecated_keys(setup)
         engine = JacobiEngine(self._adapter, build_rule(setup.method), build_drafter(setup.drafter),
                               batch_size=self.cfg.engine.batch_size, compiled=self._compiled)
         gens = [gen for _, gen in engine.generate_many(Request(text, seed) for text, seed in self.requests)]
         return float(np.mean([g.step_compression for g in gens]))
+
+
+def calibration_key(key: str) -> str:
+    """A cached calibration's key with its rule's knob and overrides under their current parameter names (a study
+    calibrated before a rename keeps its cache)."""
+    entry = json.loads(key)
+    cls = rule_class_of(entry["method"])
+    if cls is None or not cls.renamed:
+        return key
+    entry["knob"] = cls.renamed.get(entry["knob"], entry["knob"])
+    entry["overrides"] = current_names(cls, entry["overrides"])
+    return json.dumps(entry, sort_keys=True)
 
 
 def calibrate(cfg: DictConfig, name: str, reference: float, calibrator: Calibrator, root: Path) -> list[KnobMatch]:
@@ -176,7 +188,7 @@ def calibrate(cfg: DictConfig, name: str, reference: float, calibrator: Calibrat
                       "prompts": calibrator.keys, "reference": reference, "tol": study.tol, "max_evals": study.max_evals,
                       "model": OmegaConf.to_container(cfg.model), "seed": cfg.seed}, sort_keys=True)
     path = root / CALIBRATION_FILE
-    cache = json.loads(path.read_text()) if path.exists() else {}
+    cache = {calibration_key(k): v for k, v in json.loads(path.read_text()).items()} if path.exists() else {}
     if key in cache:
         return [KnobMatch(**m) for m in cache[key]]
     measured: dict[float, float] = {}
@@ -190,7 +202,7 @@ def calibrate(cfg: DictConfig, name: str, reference: float, calibrator: Calibrat
     matches = [match_compression(measure, gain * reference, spec.lo, spec.hi, increasing=spec.increasing,
                                  log_scale=spec.log_scale, tol=study.tol, max_evals=study.max_evals)
                for gain in study.targets]
-    cache = json.loads(path.read_text()) if path.exists() else {}
+    cache = {calibration_key(k): v for k, v in json.loads(path.read_text()).items()} if path.exists() else {}
     cache[key] = [asdict(m) for m in matches]
     path.write_text(json.dumps(cache, indent=1))
     return matches

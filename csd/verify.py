@@ -136,24 +136,29 @@ def verify_window(
     accepted = positions < n_accepted.unsqueeze(-1)
     verified = (positions <= n_accepted.unsqueeze(-1)) & valid
 
-    # residual at the first rejection (computed at a clamped index; unused where nothing was rejected)
-    rej = n_accepted.clamp(max=window - 2)
-    rows = torch.arange(batch, device=device)
-    residual = rule.residual(target_probs[rows, rej], draft_probs[rows, rej], drafts[rows, rej])
-    replacement = sample_race(residual.probs, noise.residual)
-    every_draft = window - 1 if n_drafts is None else n_drafts
-    rejected_one = n_accepted < every_draft
-    last = torch.where(rejected_one, replacement, samples[rows, n_accepted])
-
+    rejected_one = n_accepted < (window - 1 if n_drafts is None else n_drafts)
+    last, fallback = _last_token(rule, target_probs, draft_probs, drafts, samples, n_accepted, rejected_one, noise)
     committed = torch.cat([drafts, samples[:, -1:]], dim=1)
     committed = committed.scatter(1, n_accepted.unsqueeze(-1), last.unsqueeze(-1))
 
     free = ~draft_forced
     relaxed = accepted & free & (noise.uniforms >= verdict.lossless_prob)
     filter_pass = None if verdict.filter_pass is None else verdict.filter_pass & verified & free
-    fallback = rejected_one & residual.fallback
     result = WindowResult(n_accepted, committed, accepted & free, relaxed, verified & free, filter_pass, fallback)
     return result, samples
+
+
+def _last_token(rule: AcceptanceRule, target_probs: torch.Tensor, draft_probs: torch.Tensor, drafts: torch.Tensor,
+                samples: torch.Tensor, n_accepted: torch.Tensor, rejected_one: torch.Tensor,
+                noise: WindowNoise) -> tuple[torch.Tensor, torch.Tensor]:
+    """The window's last committed token ``[B]``: the replacement from the rule's residual at the first rejection,
+    else the bonus row sample; and whether the replacement came from the rule's fallback law. The residual is
+    computed at a clamped index where nothing was rejected (and unused there)."""
+    rows = torch.arange(target_probs.shape[0], device=target_probs.device)
+    rej = n_accepted.clamp(max=target_probs.shape[1] - 2)
+    residual = rule.residual(target_probs[rows, rej], draft_probs[rows, rej], drafts[rows, rej])
+    replacement = sample_race(residual.probs, noise.residual)
+    return torch.where(rejected_one, replacement, samples[rows, n_accepted]), rejected_one & residual.fallback
 
 
 def couple_drafts(

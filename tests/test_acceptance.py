@@ -46,13 +46,13 @@ class CodebookStub:
 RULES = {
     "sjd": lambda: SJD(),
     "addition": lambda: Addition(c=0.2),
-    "amplify": lambda: Amplify(k=3.0),
+    "amplify": lambda: Amplify(factor=3.0),
     "csd": lambda: CSD(lam=0.3, delta=0.9),
     "csd_log_support": lambda: CSD(lam=0.5, delta=1.0, entropy_norm="log_support"),
     "gsd": lambda: GSD(group_size=4, prob_threshold=0.3, embed_threshold=1.0),
     "gsd_code_parity": lambda: GSD(group_size=4, prob_threshold=0.3, embed_threshold=1.0, code_parity=True),
-    "lantern": lambda: Lantern(k=3, delta=0.3),
-    "lantern_code_parity": lambda: Lantern(k=3, delta=0.3, code_parity=True),
+    "lantern": lambda: Lantern(neighbours=3, budget=0.3),
+    "lantern_code_parity": lambda: Lantern(neighbours=3, budget=0.3, code_parity=True),
     "entropy_sjd": lambda: EntropySJD(),
     "entropy_sjd_steep": lambda: EntropySJD(entropy_scale=4.0, entropy_offset=0.0),
     "cool_sd": lambda: CoolSD(anneal_scale=2.0),
@@ -162,14 +162,14 @@ def test_lantern_neighbours_exclude_self_and_are_sorted():
 
 
 def test_lantern_relaxed_target_and_residual():
-    rule = Lantern(k=2, delta=0.25)
-    rule.neighbours = torch.tensor([[1, 2], [0, 2], [1, 0]])
+    rule = Lantern(neighbours=2, budget=0.25)
+    rule.neighbours_table = torch.tensor([[1, 2], [0, 2], [1, 0]])
     q = torch.tensor([[0.5, 0.2, 0.3]])
     p = torch.tensor([[0.0, 1.0, 0.0]])
     v = rule.accept_prob(q, p, torch.tensor([1]), entropy(q))
     # neighbours of 1 are (0, 2): s_1 = 0.5 > 0.25, so J = 0 and q~(1) = q(1)
     assert torch.allclose(v.accept_prob, torch.tensor([0.2]))
-    rule.delta = 0.6  # now J = 1: q~(1) = 0.2 + 0.5; residual zeroes q(0)
+    rule.budget = 0.6  # now J = 1: q~(1) = 0.2 + 0.5; residual zeroes q(0)
     assert torch.allclose(rule.accept_prob(q, p, torch.tensor([1]), entropy(q)).accept_prob, torch.tensor([0.7]))
     assert torch.allclose(rule.residual(q, p, torch.tensor([1])).probs, torch.tensor([[0.0, 0.0, 1.0]]))
 
@@ -181,8 +181,8 @@ def test_lantern_relaxed_target_and_residual():
         (lambda: CSD(delta=1.5), "delta"),
         (lambda: CSD(entropy_norm="bits"), "entropy_norm"),
         (lambda: Addition(c=-0.1), "c"),
-        (lambda: Amplify(k=0.5), "k"),
-        (lambda: Lantern(delta=2.0), "delta"),
+        (lambda: Amplify(factor=0.5), "factor"),
+        (lambda: Lantern(budget=2.0), "budget"),
         (lambda: EntropySJD(entropy_scale=0.0), "entropy_scale"),
         (lambda: EntropySJD(entropy_offset=-0.1), "entropy_offset"),
         (lambda: CoolSD(anneal_scale=0.5), "anneal_scale"),

@@ -121,16 +121,16 @@ def test_gsd_parity_with_group_size_zero_is_sjd():
 
 def line_lantern(k: int, delta: float, code_parity: bool) -> Lantern:
     """Codes on a line at 0, 1, 3, 6, 10, ...: the neighbours of code 0 are 1, 2, 3, ... in that order."""
-    rule = Lantern(k=k, delta=delta, code_parity=code_parity)
+    rule = Lantern(neighbours=k, budget=delta, code_parity=code_parity)
     rule.setup(EmbeddingStub(torch.tensor([[v * (v + 1) / 2] for v in range(V)])))
     return rule
 
 
 def test_lantern_parity_table_has_one_neighbour_more():
-    assert line_lantern(3, 0.1, code_parity=False).neighbours.shape == (V, 3)
-    assert line_lantern(3, 0.1, code_parity=True).neighbours.shape == (V, 4)
-    assert line_lantern(3, 0.1, code_parity=True).neighbours[0].tolist() == [1, 2, 3, 4]
-    assert line_lantern(V, 0.1, code_parity=True).neighbours.shape == (V, V - 1)  # capped at every other code
+    assert line_lantern(3, 0.1, code_parity=False).neighbours_table.shape == (V, 3)
+    assert line_lantern(3, 0.1, code_parity=True).neighbours_table.shape == (V, 4)
+    assert line_lantern(3, 0.1, code_parity=True).neighbours_table[0].tolist() == [1, 2, 3, 4]
+    assert line_lantern(V, 0.1, code_parity=True).neighbours_table.shape == (V, V - 1)  # capped at every other code
 
 
 def test_lantern_rejection_after_fewer_than_k_plus_one_neighbours():
@@ -181,19 +181,19 @@ def released_lantern_residual(q: torch.Tensor, p: torch.Tensor, x: int, nbrs: to
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_lantern_parity_matches_the_released_residual(seed):
     g = torch.Generator().manual_seed(seed)
-    rule = Lantern(k=4, delta=0.3, code_parity=True)
+    rule = Lantern(neighbours=4, budget=0.3, code_parity=True)
     rule.setup(EmbeddingStub(torch.randn(V, 3, generator=g)))
     q = torch.softmax(torch.randn(V, generator=g) * 1.5, -1)
     p = torch.softmax(torch.randn(V, generator=g) * 1.5, -1)
     xs = torch.arange(V)
     got = rule.residual(q.expand(V, V), p.expand(V, V), xs).probs
     for x in range(V):
-        assert torch.allclose(got[x], released_lantern_residual(q, p, x, rule.neighbours, 4, 0.3), atol=1e-6)
+        assert torch.allclose(got[x], released_lantern_residual(q, p, x, rule.neighbours_table, 4, 0.3), atol=1e-6)
     # p = q (a refreshed draft): q' <= p everywhere, every residual is empty and both draw uniformly
     empty = rule.residual(q.expand(V, V), q.expand(V, V), xs)
     assert bool(empty.fallback.all())
     for x in range(V):
-        assert torch.allclose(empty.probs[x], released_lantern_residual(q, q, x, rule.neighbours, 4, 0.3), atol=1e-6)
+        assert torch.allclose(empty.probs[x], released_lantern_residual(q, q, x, rule.neighbours_table, 4, 0.3), atol=1e-6)
 
 
 def test_code_parity_flows_from_the_config_and_is_recorded():
@@ -210,7 +210,7 @@ def test_code_parity_flows_from_the_config_and_is_recorded():
         validate(make_cfg("method=gsd", "method.code_parity=yes"))
 
 
-@pytest.mark.parametrize("rule", [GSD(code_parity=True), Lantern(k=8, delta=0.2, code_parity=True)], ids=lambda r: r.name)
+@pytest.mark.parametrize("rule", [GSD(code_parity=True), Lantern(neighbours=8, budget=0.2, code_parity=True)], ids=lambda r: r.name)
 def test_parity_rules_run_in_the_engine_with_one_host_sync_per_iteration(rule, monkeypatch):
     adapter = rejecting_janus()  # 16 codes: windows end in rejections and roll back
     engine = JacobiEngine(adapter, rule, ChainDrafter(window=5))

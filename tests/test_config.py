@@ -40,20 +40,63 @@ def test_every_method_and_model_composes_and_validates(method, model):
 
 def test_method_configs_build_their_rules():
     assert build_rule(make_cfg("method=csd", "method.lam=0.3").method).params()["lam"] == 0.3
-    assert build_rule(make_cfg("method=lantern").method).params() == {"k": 1000, "delta": 0.1}
+    assert build_rule(make_cfg("method=lantern").method).params() == {"neighbours": 1000, "budget": 0.1}
     assert build_rule(make_cfg("method=sjd", "method.lam=0.3").method).params() == {}  # ignored, warned
 
 
 def test_paper_variants_override_their_base_method():
     gsd = make_cfg("method=gsd_g25").method
     assert build_rule(gsd).params()["group_size"] == 25 and gsd._target_ == make_cfg("method=gsd").method._target_
-    assert build_rule(make_cfg("method=amplify_k4").method).params() == {"k": 4.0}
+    assert build_rule(make_cfg("method=amplify_k4").method).params() == {"factor": 4.0}
     mcsjd = make_cfg("method=mcsjd")
     assert (mcsjd.drafter.window, mcsjd.drafter.coupling, mcsjd.method.name) == (64, "maximal", "mcsjd")
     assert make_cfg("method=sjd_l32").drafter.window == 32
     pac = make_cfg("method=csd_pac")
     assert (pac.drafter.name, pac.drafter.width, pac.method._target_) == ("pac_tree", 4, "csd.acceptance.CSD")
     assert make_cfg("method=csd_pac", "drafter=chain").drafter.name == "chain"  # the command line chooses last
+
+
+def test_renamed_rule_keys_keep_working_with_one_warning(caplog):
+    """LANTERN's ``k``/``delta`` are ``neighbours``/``budget`` and Amplify's ``k`` is ``factor`` (distinct names for
+    distinct meanings; CSD keeps ``lam`` and ``delta``); the old names still set them, with a warning."""
+    with caplog.at_level(logging.WARNING, logger="csd.config"):
+        cfg = make_cfg("method=lantern", "method.k=64", "method.delta=0.3")
+        validate(cfg)
+    assert build_rule(cfg.method).params() == {"neighbours": 64, "budget": 0.3}
+    assert any("method.k, method.delta renamed; use method.neighbours, method.budget" in r.getMessage()
+               for r in caplog.records)
+    amplify = make_cfg("method=amplify", "method.k=5")
+    validate(amplify)
+    assert build_rule(amplify.method).params() == {"factor": 5.0}
+    csd = make_cfg("method=csd", "method.delta=0.3")  # CSD's delta is its own name
+    validate(csd)
+    assert build_rule(csd.method).params()["delta"] == 0.3
+    with pytest.raises(ConfigError, match=r"method.budget=2 must be in \[0, 1\]"):
+        validate(make_cfg("method=lantern", "method.budget=2"))
+
+
+def test_method_files_give_their_rules_declared_defaults():
+    """A rule's parameters are declared once, in its class (csd.params): a base method file sets each to its declared
+    default or leaves it null (the default; presets set their own values) and sets nothing the class does not
+    declare; a drafter file sets every declared parameter to its default."""
+    from hydra.utils import get_class
+
+    from csd.config import SHARED_METHOD_KEYS
+
+    for name in choices("method"):
+        cfg = make_cfg(f"method={name}")
+        cls = get_class(cfg.method._target_)
+        own = {k: v for k, v in cfg.method.items() if k not in ("name", "_target_") and v is not None}
+        assert set(own) <= set(cls.PARAMS), (name, set(own) - set(cls.PARAMS))
+        assert set(SHARED_METHOD_KEYS) >= set(cls.PARAMS), (name, "a shared key per parameter, to sweep it across methods")
+        text = (CONF_DIR / "method" / f"{name}.yaml").read_text()
+        if "/method_keys@" in text:  # a base file, not a preset; null (unset) is the declared default
+            assert all(own.get(k, p.default) == p.default for k, p in cls.PARAMS.items()), name
+    for name in choices("drafter"):
+        cfg = make_cfg(f"drafter={name}")
+        cls = get_class(cfg.drafter._target_)
+        own = {k: v for k, v in cfg.drafter.items() if k not in ("name", "_target_")}
+        assert own == {k: p.default for k, p in cls.PARAMS.items()}, name
 
 
 def test_deprecated_method_drafting_keys_move_to_the_drafter_with_one_warning(caplog):
@@ -86,12 +129,13 @@ def test_deprecated_method_drafting_keys_move_to_the_drafter_with_one_warning(ca
         (["method.init=zeros"], "random"),
         (["method.coupling=gumble"], "gumbel"),
         (["method.draft_record=gauss"], "onehot"),
-        (["drafter.draft_record=uniform", "drafter.init=repeat_left"], "records the law of init='random' drafts"),
+        (["drafter.draft_record=uniform", "drafter.init=repeat_left"], "records the law of init=random drafts"),
         (["model.top_k=0"], "model.top_k=0 must be an integer >= 1"),
         (["model.guidance_scale=0"], "guidance_scale=0 must be > 0"),
         (["model.temperature=-1"], "temperature=-1"),
         (["method.entropy_norm=bits"], "log_vocab"),
         (["method=amplify", "method.k=0.5"], "method.k=0.5 must be >= 1"),
+        (["method=amplify", "method.factor=0.5"], "method.factor=0.5 must be >= 1"),
         (["stage=train"], "generate"),
         (["device=tpu"], "cpu"),
     ],

@@ -89,7 +89,7 @@ def test_batched_cfg_equals_separate_passes(negative):
     torch.testing.assert_close(rows[1], uncond, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("rule", [SJD(), CSD(lam=1.0, delta=1.0), Amplify(k=10)], ids=["sjd", "csd", "amplify"])
+@pytest.mark.parametrize("rule", [SJD(), CSD(lam=1.0, delta=1.0), Amplify(factor=10)], ids=["sjd", "csd", "amplify"])
 def test_forced_tokens_land_in_place_and_image_decodes(rule):
     a = rejecting_emu3(grid=(3, 4), jacobi_tail=2)
     forced = a.layout.forced_ids

@@ -88,7 +88,7 @@ def test_relaxed_csd_relaxes_and_records_it(adapter):
 
 
 @pytest.mark.parametrize(
-    "rule", [SJD(), CSD(), Addition(c=0.1), Amplify(k=3.0), GSD(), Lantern(k=8, delta=0.2)], ids=lambda r: r.name
+    "rule", [SJD(), CSD(), Addition(c=0.1), Amplify(factor=3.0), GSD(), Lantern(neighbours=8, budget=0.2)], ids=lambda r: r.name
 )
 def test_every_rule_generates_a_consistent_record(adapter, rule):
     gen = JacobiEngine(adapter, rule, ChainDrafter(window=5)).generate(PROMPT, seed=1)
@@ -132,7 +132,7 @@ def test_engine_rejects_bad_settings(adapter):
 
 
 @pytest.mark.parametrize(
-    "rule", [SJD(), CSD(lam=0.5, delta=0.9), Amplify(k=3.0), GSD(), Lantern(k=8, delta=0.2)], ids=lambda r: r.name
+    "rule", [SJD(), CSD(lam=0.5, delta=0.9), Amplify(factor=3.0), GSD(), Lantern(neighbours=8, budget=0.2)], ids=lambda r: r.name
 )
 def test_one_host_sync_per_iteration(adapter, rule, monkeypatch):
     """Reading a device value on the host (``item``, ``int``, ``bool``, ``tolist``, ...) happens once per

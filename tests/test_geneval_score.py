@@ -32,7 +32,7 @@ from csd.evaluation.geneval_score import (
     score_image,
     task_accuracies,
 )
-from csd.evaluation.metrics import METRICS
+from csd.evaluation.registry import metric
 from csd.evaluation.run import evaluate_run
 from tests.test_eval_fixtures import eval_cfg, make_run, solid_image
 
@@ -302,7 +302,7 @@ def test_geneval_metric_end_to_end(tmp_path: Path) -> None:
     assert str(tmp_path / "det") in backend and "mmdet" in backend
     assert result["protocol"]["geneval"]["tasks_missing"] == ["two_object", "counting", "position", "color_attr"]
     assert result["protocol"]["geneval"]["detector_resize"] == {"shortest_edge": 64, "longest_edge": 96}
-    per_image = METRICS["geneval"](EvalContext.load(run, cfg.eval, "cpu")).per_image
+    per_image = metric("geneval")(EvalContext.load(run, cfg.eval, "cpu")).per_image
     assert per_image["geneval_tag"] == ["single_object", "single_object", "colors"]
     assert per_image["geneval_correct"][:2] == [1, 0] and "found 0" in per_image["geneval_reason"][1]
     assert per_image["geneval_correct"][2] == 1 or "found colours" in per_image["geneval_reason"][2]   # CLIP ran
@@ -312,7 +312,7 @@ def test_geneval_is_not_applicable_without_metadata(tmp_path: Path) -> None:
     run = make_run(tmp_path / "run", model="janus_pro_tiny", dataset="coco2017", n_images=2)
     ctx = EvalContext.load(run, eval_cfg(tmp_path).eval, "cpu")
     with pytest.raises(NotApplicable, match="2 of 2 records have no GenEval metadata"):
-        METRICS["geneval"](ctx)
+        metric("geneval")(ctx)
 
 
 def test_missing_weights_skip_the_metric_with_the_fix(tmp_path: Path) -> None:

@@ -54,7 +54,7 @@ def test_sjd_is_lossless(setup, window, init):
 
 def test_relaxed_rule_is_detected(setup):
     adapter, probs = setup
-    counts = sample_counts(adapter, Amplify(k=20.0), window=4, offset=20_000)
+    counts = sample_counts(adapter, Amplify(factor=20.0), window=4, offset=20_000)
     assert chi_square_pvalue(counts, probs) < 1e-6
 
 

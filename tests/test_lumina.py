@@ -123,7 +123,7 @@ def test_rollback_is_exact():
     torch.testing.assert_close(resumed, fresh[:, -4:], rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("rule", [SJD(), CSD(lam=1.0, delta=1.0), Amplify(k=10)], ids=["sjd", "csd", "amplify"])
+@pytest.mark.parametrize("rule", [SJD(), CSD(lam=1.0, delta=1.0), Amplify(factor=10)], ids=["sjd", "csd", "amplify"])
 def test_forced_tokens_land_in_place_and_image_decodes(rule):
     a = rejecting_lumina(grid=(3, 4), jacobi_tail=3)
     forced = a.layout.forced_ids
@@ -183,7 +183,7 @@ def test_sjd_is_distribution_identical_to_ar_and_amplify_is_not():
     counts, exercised = empirical_counts(a, SJD(), combos, 800)
     assert chi_square_p(counts, probs) > 1e-3
     assert exercised.carried_rejections >= 50, exercised  # measured: 888 rejections, 163 of a carried draft
-    assert chi_square_p(empirical_counts(a, Amplify(k=50), combos, 200)[0], probs) < 1e-6
+    assert chi_square_p(empirical_counts(a, Amplify(factor=50), combos, 200)[0], probs) < 1e-6
 
 
 # -------------------------------------------------------------------------------------------- loader

@@ -244,7 +244,7 @@ def test_heatmaps_say_which_panels_carry_nothing_and_labels_do_not_overprint() -
 def test_content_plots_follow_the_table_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     drawn: list[list[str]] = []
     original = content_plots.heatmap_figure
-    monkeypatch.setattr(content_plots, "heatmap_figure", lambda runs: drawn.append([r[0] for r in runs]) or original(runs))
+    monkeypatch.setattr("csd.report.build.heatmap_figure", lambda runs: drawn.append([r[0] for r in runs]) or original(runs))
     out = build_report(fixture_sweep(tmp_path / "sweep", tmp_path), eval_cfg(tmp_path))
     assert drawn == [pd.read_csv(out / "table_toy.csv")["method"].tolist()]
 

@@ -33,10 +33,10 @@ def law(entries: dict[int, float]) -> torch.Tensor:
 
 def lantern(k: int, delta: float, code_parity: bool) -> Lantern:
     """A LANTERN rule on ``V = 8`` codes whose neighbours of code 7 are 4, then 5, then 6 (others: any)."""
-    rule = Lantern(k=k, delta=delta, code_parity=code_parity)
+    rule = Lantern(neighbours=k, budget=delta, code_parity=code_parity)
     table = torch.tensor([[(v + j) % V for j in range(1, V)] for v in range(V)])
     table[7] = torch.tensor([4, 5, 6, 0, 1, 2, 3])
-    rule.neighbours = table[:, : (k + 1 if code_parity else k)]
+    rule.neighbours_table = table[:, : (k + 1 if code_parity else k)]
     return rule
 
 
@@ -140,11 +140,11 @@ def test_engine_counts_every_fallback_commit_and_paper_mode_commits_none_outside
     counted fallback draws (uniform, so most of them); paper mode never commits one."""
     assert "residual_fallbacks" in STAT_KEYS
     adapter = tiny_janus_adapter(grid=8, codebook=64, head_scale=20.0, top_k=4)
-    parity = JacobiEngine(adapter, Lantern(k=1000, delta=0.1, code_parity=True), ChainDrafter(window=8))
+    parity = JacobiEngine(adapter, Lantern(neighbours=1000, budget=0.1, code_parity=True), ChainDrafter(window=8))
     zero_q, flagged, recorded = committed_with_q(parity, monkeypatch, range(10))
     assert flagged > 0 and recorded == flagged
     assert 0 < zero_q <= flagged
-    paper = JacobiEngine(adapter, Lantern(k=1000, delta=0.1, code_parity=False), ChainDrafter(window=8))
+    paper = JacobiEngine(adapter, Lantern(neighbours=1000, budget=0.1, code_parity=False), ChainDrafter(window=8))
     zero_q, flagged, recorded = committed_with_q(paper, monkeypatch, range(10))
     assert zero_q == 0 and flagged == 0 and recorded == 0
 
@@ -155,6 +155,6 @@ def test_tree_windows_count_fallback_commits_too():
     adapter = tiny_janus_adapter(grid=4, codebook=16, head_scale=20.0, top_k=2)
     counts = {}
     for code_parity in (True, False):
-        engine = JacobiEngine(adapter, Lantern(k=15, delta=0.1, code_parity=code_parity), PacTreeDrafter(window=12, coupling="none", draft_record="onehot", width=3, depth=2))
+        engine = JacobiEngine(adapter, Lantern(neighbours=15, budget=0.1, code_parity=code_parity), PacTreeDrafter(window=12, coupling="none", draft_record="onehot", width=3, depth=2))
         counts[code_parity] = sum(engine.generate("two red circles", seed=s).stats["residual_fallbacks"] for s in range(6))
     assert counts[True] > 0 and counts[False] == 0

@@ -223,3 +223,28 @@ def test_run_made_before_the_tree_keys_resumes(tmp_path, monkeypatch):
     path.write_text(json.dumps(stored))
     no_model_load(monkeypatch)
     generate_run(tiny_cfg(tmp_path))  # nothing to do: accepted without loading the model
+
+
+def test_run_made_before_lanterns_keys_were_renamed_resumes_and_reports(tmp_path, monkeypatch):
+    """A LANTERN run recorded with ``k``/``delta`` (fingerprint, run.json, records) resumes without a new image and
+    without setting a record aside, and the report reads its parameters under the current names."""
+    cfg = tiny_cfg(tmp_path, "method=lantern", "method.neighbours=8", "dataset.n_prompts=2")
+    generate_run(cfg)
+    path = tmp_path / FINGERPRINT_FILE
+    stored = json.loads(path.read_text())
+    stored["keys"]["method.k"], stored["keys"]["method.delta"] = stored["keys"].pop("method.neighbours"), stored["keys"].pop("method.budget")
+    path.write_text(json.dumps(stored))
+    old = {"k": 8, "delta": 0.1}
+    info = json.loads((tmp_path / "run.json").read_text())
+    info["method_params"] = {**{k: v for k, v in info["method_params"].items() if k not in ("neighbours", "budget")}, **old}
+    (tmp_path / "run.json").write_text(json.dumps(info))
+    lines = [json.loads(line) for line in (tmp_path / RECORDS_FILE).read_text().splitlines()]
+    for record in lines:
+        record["method_params"] = info["method_params"]
+    (tmp_path / RECORDS_FILE).write_text("".join(json.dumps(r) + "\n" for r in lines))
+    no_model_load(monkeypatch)
+    generate_run(tiny_cfg(tmp_path, "method=lantern", "method.neighbours=8", "dataset.n_prompts=2"))  # nothing to do
+    assert not (tmp_path / REJECTED_FILE).exists() and len(load_records(tmp_path)) == 2
+    from csd.report.collect import run_params
+
+    assert run_params(info)["neighbours"] == 8 and run_params(info)["budget"] == 0.1

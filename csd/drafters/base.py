@@ -24,6 +24,8 @@ import torch.nn.functional as F
 
 from csd.acceptance import AcceptanceRule
 from csd.adapters.base import ModelAdapter
+from csd.params import Param, Parametrized
+from csd.schema import Choice, Int
 from csd.verify import exponential_noise
 
 if TYPE_CHECKING:
@@ -90,31 +92,35 @@ class Verified:
     detail: Any
 
 
-class Drafter(ABC):
-    """A drafting scheme (docs/ALGORITHMS.md, "Drafting variants"): proposes windows, verifies them with any rule,
-    refreshes its drafts. ``window`` = ``L``: the number of entries one forward spends per image (anchor included).
-    ``init`` (fresh drafts), ``draft_record`` (their recorded law) and ``coupling`` (the refresh) are shared by the
-    chain and the tree drafters."""
+class Drafter(Parametrized, ABC):
+    """A drafting scheme (docs/ALGORITHMS.md, "Drafters"): proposes windows, verifies them with any rule, refreshes
+    its drafts. It declares its hyper-parameters in ``PARAMS`` (``csd.params``; ``drafter.<key>`` in the config):
+    ``window`` = ``L``, the entries one forward spends per image (anchor included); ``init`` (fresh drafts),
+    ``draft_record`` (their recorded law) and ``coupling`` (the refresh), shared by the chain and the tree drafters."""
 
     name: str
+    group = "drafter"
+    PARAMS = {
+        "window": Param(Int(min=1), 16, "L: the last committed token + L - 1 drafts (1 = AR)"),
+        "init": Param(Choice(options=INIT_SCHEMES), "random", "fresh drafts: random codes, or copies of the left neighbour"),
+        "coupling": Param(Choice(options=COUPLINGS), "none",
+                          "refreshed drafts: fresh samples (none), old drafts maximally coupled (maximal), or one Gumbel "
+                          "noise per position (gumbel)"),
+        "draft_record": Param(Choice(options=DRAFT_RECORDS), "onehot",
+                              "the recorded p of fresh random drafts: one-hot, or the uniform law they are drawn from"),
+    }
 
-    def __init__(self, window: int = 16, init: str = "random", coupling: str = "none",
-                 draft_record: str = "onehot") -> None:
-        if window < 1:
-            raise ValueError(f"window must be >= 1, got {window}")
-        if init not in INIT_SCHEMES:
-            raise ValueError(f"init must be one of {INIT_SCHEMES}, got {init!r}")
-        if coupling not in COUPLINGS:
-            raise ValueError(f"coupling must be one of {COUPLINGS}, got {coupling!r}")
-        if draft_record not in DRAFT_RECORDS:
-            raise ValueError(f"draft_record must be one of {DRAFT_RECORDS}, got {draft_record!r}")
-        if draft_record == "uniform" and init != "random":
-            raise ValueError("draft_record='uniform' records the law of init='random' drafts; repeat_left drafts are not drawn from it")
-        self.window, self.init, self.coupling, self.draft_record = window, init, coupling, draft_record
+    def check_params(self) -> None:
+        if self.draft_record == "uniform" and self.init != "random":
+            raise ValueError("drafter.draft_record=uniform records the law of init=random drafts; repeat_left drafts "
+                             "are not drawn from it")
 
     def params(self) -> dict[str, object]:
-        """The drafting settings recorded with every image (``method_params``, before the rule's)."""
-        return {"window": self.window, "init": self.init, "coupling": self.coupling, "draft_record": self.draft_record}
+        """The drafting settings recorded with every image (``method_params``, before the rule's): the drafter's name
+        (so a run directory refuses another drafter's images) and its parameters. ``chain`` and ``pac_tree`` runs
+        were recorded without a name before the drafter group (the tree keys tell them apart) and still are."""
+        values = self.param_values()
+        return values if self.name in ("chain", "pac_tree") else {"drafter": self.name, **values}
 
     def problem(self, batch_size: int, compiled: bool) -> str | None:
         """Why this drafter cannot decode ``batch_size`` images at once (compiled or not), in one line; None if it can."""

@@ -18,9 +18,12 @@ import torch
 import torch.nn.functional as F
 
 from csd.acceptance import AcceptanceRule, lossless_residual
+from csd.adapters.base import ModelAdapter
 from csd.device import to_device
-from csd.drafters.base import Drafter, Proposal, Verified
+from csd.drafters.base import COUPLINGS, DRAFT_RECORDS, BodyIds, Drafter, Proposal, Verified
+from csd.params import Param
 from csd.records import COMMIT_ACCEPTED, COMMIT_RELAXED, COMMIT_SAMPLED
+from csd.schema import Bool, Choice, Int
 from csd.tree import Tree, TreeMask, TreeVerdict, branch_nodes, tree_problem, verify_tree, without_replacement
 from csd.verify import WindowNoise, couple_drafts, exponential_noise, sample_race
 
@@ -72,20 +75,32 @@ class PacTreeDrafter(Drafter):
     """Tree windows of ``window`` nodes: ``width`` = ``K`` candidates at each of the ``depth - 1`` branching depths."""
 
     name = "pac_tree"
+    PARAMS = {
+        **Drafter.PARAMS,
+        "window": Param(Int(min=1), 64, "L: the nodes of one forward (root, spine and siblings)"),
+        "width": Param(Int(min=2), 4, "K: the candidates at each branching depth"),
+        "depth": Param(Int(min=2), 3, "D: tree levels counting the root; branching at depths 1 .. D-1"),
+        "coupling": Param(Choice(options=COUPLINGS), "maximal", Drafter.PARAMS["coupling"].help),
+        "draft_record": Param(Choice(options=DRAFT_RECORDS), "uniform", Drafter.PARAMS["draft_record"].help),
+        "code_parity": Param(Bool(), False, "true: the released code's sibling drafts and longest-run row (biased)"),
+    }
 
-    def __init__(self, window: int = 64, width: int = 4, depth: int = 3, init: str = "random",
-                 coupling: str = "maximal", draft_record: str = "uniform", code_parity: bool = False) -> None:
-        super().__init__(window, init, coupling, draft_record)
-        problem = tree_problem(window, width, depth, coupling, code_parity)
+    def check_params(self) -> None:
+        super().check_params()
+        problem = tree_problem(self.window, self.width, self.depth, self.coupling, self.code_parity)
         if problem is not None:
             raise ValueError(problem)
-        self.width, self.depth, self.code_parity = width, depth, code_parity
+
+    def bind(self, adapter: ModelAdapter, body: BodyIds, pad: bool) -> None:
+        super().bind(adapter, body, pad)
         #: per tree shape: the adapter's mask, the verification grid and each internal node's grid cell
         self._trees: dict[tuple[int, tuple[int, ...]], tuple[TreeMask, tuple[torch.Tensor, torch.Tensor], dict]] = {}
 
     def params(self) -> dict[str, object]:
-        """The chain's settings plus the tree's, under the names runs have recorded since tree windows exist."""
-        return {**super().params(), "tree_width": self.width, "tree_depth": self.depth, "pac_code_parity": self.code_parity}
+        """The chain's settings plus the tree's, under the names runs have recorded since tree windows exist (no name:
+        the tree keys imply it)."""
+        chain = {key: getattr(self, key) for key in Drafter.PARAMS}
+        return {**chain, "tree_width": self.width, "tree_depth": self.depth, "pac_code_parity": self.code_parity}
 
     def problem(self, batch_size: int, compiled: bool) -> str | None:
         if batch_size > 1:

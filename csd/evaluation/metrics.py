@@ -1,4 +1,4 @@
-"""The metrics of the evaluate stage, by name (``eval.metrics``).
+"""The metrics of the evaluate stage (registered by name in ``csd.evaluation.registry``).
 
 Each takes the :class:`EvalContext` and returns a :class:`MetricOutput`; toy runs swap in the toy
 CLIP, toy-CLIP-feature FID against rendered scenes, and the scene checker.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,7 @@ from csd.evaluation.clip_score import (
 from csd.evaluation.context import EvalContext, MetricOutput, NotApplicable
 from csd.evaluation.fid import generated_fid, inception_fid, load_reference, module_fid
 from csd.evaluation.fid_interval import FeatureRecorder, fid_interval
-from csd.evaluation.geneval_score import check_geneval_files, geneval_metric
+from csd.evaluation.geneval_score import check_geneval_files
 from csd.evaluation.images import Preprocess, file_batches, list_images
 
 log = logging.getLogger(__name__)
@@ -166,16 +166,6 @@ def regions_metric(ctx: EvalContext) -> MetricOutput:
     flat = {f"relaxed_rate_{reg}": c["relaxed_rate"] for reg, c in regions.items()}
     return MetricOutput(flat, content={"regions": regions})
 
-
-METRICS: dict[str, Callable[[EvalContext], MetricOutput]] = {
-    "speed": speed_metric,
-    "clip_score": clip_score_metric,
-    "fid": fid_metric,
-    "content": content_metric,
-    "scene": scene_metric,
-    "regions": regions_metric,
-    "geneval": geneval_metric,
-}
 
 #: the dataset loader of GenEval runs (the only runs the geneval metric applies to)
 GENEVAL_LOADER = "csd.data.geneval.geneval_prompts"

@@ -18,7 +18,7 @@ from csd.evaluation import METRICS_FILE, PER_IMAGE_FILE
 from csd.evaluation.context import EvalContext, NotApplicable
 from csd.evaluation.fid_interval import GROUPS
 from csd.evaluation.intervals import LEVEL, SEED, run_intervals
-from csd.evaluation.metrics import METRICS
+from csd.evaluation.registry import metric
 from csd.records import records_digest
 from csd.rundir import expected_images, live_writers
 
@@ -59,23 +59,7 @@ def evaluate_run(run_dir: Path, cfg: DictConfig) -> dict[str, Any]:
         | ({"generating": [holder for _, holder in writers]} if writers else {}),
         "metrics": {}, "intervals": {}, "skipped": {}, "protocol": {}, "content": {},
     }
-    per_image: dict[str, list] = {}
-    for name in names:
-        if name not in METRICS:
-            raise KeyError(f"unknown metric '{name}'; available: {sorted(METRICS)}")
-        try:
-            out = METRICS[name](ctx)
-        except (MissingWeightsError, MissingDataError, NotApplicable) as err:
-            if ctx.eval.strict and not isinstance(err, NotApplicable):
-                raise
-            log.warning("metric %s skipped: %s", name, err)
-            result["skipped"][name] = str(err)
-            continue
-        result["metrics"].update(out.metrics)
-        result["protocol"].update(out.protocol)
-        result["content"].update(out.content)
-        result["intervals"].update(out.intervals)
-        per_image.update(out.per_image)
+    per_image = compute_metrics(ctx, names, result)
     n_boot = ctx.eval.bootstrap
     prompt_ids = [r["prompt_id"] for r in ctx.records]
     finite = [k for k, v in result["metrics"].items() if isinstance(v, (int, float)) and math.isfinite(v)]
@@ -95,6 +79,28 @@ def evaluate_run(run_dir: Path, cfg: DictConfig) -> dict[str, Any]:
 
         log_evaluated_run(ctx, result, per_image, cfg)
     return result
+
+
+def compute_metrics(ctx: EvalContext, names: list[str], result: dict[str, Any]) -> dict[str, list]:
+    """Run the metrics ``names`` into ``result`` (metrics, protocol, content, intervals; a metric that cannot run
+    under ``skipped``, or raised with ``eval.strict``); returns the per-image values."""
+    per_image: dict[str, list] = {}
+    for name in names:
+        compute = metric(name)
+        try:
+            out = compute(ctx)
+        except (MissingWeightsError, MissingDataError, NotApplicable) as err:
+            if ctx.eval.strict and not isinstance(err, NotApplicable):
+                raise
+            log.warning("metric %s skipped: %s", name, err)
+            result["skipped"][name] = str(err)
+            continue
+        result["metrics"].update(out.metrics)
+        result["protocol"].update(out.protocol)
+        result["content"].update(out.content)
+        result["intervals"].update(out.intervals)
+        per_image.update(out.per_image)
+    return per_image
 
 
 def write_per_image(ctx: EvalContext, per_image: dict[str, list]) -> Path:

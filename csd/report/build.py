@@ -9,8 +9,8 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from csd.evaluation import METRICS_FILE
-from csd.report import content_plots
 from csd.report.collect import DEFAULT_RESAMPLES, find_run_dirs, load_run, results_frame
+from csd.report.content_plots import entropy_figure, heatmap_figure, regions_figure, save
 from csd.report.pareto import PARETO_Y, plot_pareto
 from csd.report.table import paper_order, write_tables
 
@@ -70,11 +70,11 @@ def _content(model: str, runs: list[tuple[str, dict]], out: Path) -> list[Path]:
     figs = []
     maps = [(label, r["content"]["acceptance_maps"]) for label, r in runs if "acceptance_maps" in r["content"]]
     if maps:
-        figs.append(content_plots.save(content_plots.heatmap_figure(maps), out / f"acceptance_heatmaps_{model}.png"))
+        figs.append(save(heatmap_figure(maps), out / f"acceptance_heatmaps_{model}.png"))
     curves = [(label, r["content"]["acceptance_by_entropy"]) for label, r in runs if "acceptance_by_entropy" in r["content"]]
     if curves:
-        figs.append(content_plots.save(content_plots.entropy_figure(curves), out / f"acceptance_vs_entropy_{model}.png"))
+        figs.append(save(entropy_figure(curves), out / f"acceptance_vs_entropy_{model}.png"))
     regions = [(label, r["content"]["regions"]) for label, r in runs if "regions" in r["content"]]
     if regions:
-        figs.append(content_plots.save(content_plots.regions_figure(regions), out / f"relaxed_by_region_{model}.png"))
+        figs.append(save(regions_figure(regions), out / f"relaxed_by_region_{model}.png"))
     return figs

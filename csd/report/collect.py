@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from csd.config import current_method_params
 from csd.evaluation import METRICS_FILE, PER_IMAGE_FILE
 from csd.evaluation.freshness import STALE, UNVERIFIED, metrics_state, refresh_hint
 from csd.evaluation.intervals import Comparison, paired_difference, paired_speedup
@@ -72,6 +73,11 @@ def label_keys(params_of_runs: Sequence[dict[str, Any]], defaults: dict[str, Any
     if len(scalar) == 1:
         return [k for k in keys if k not in ENGINE_KEYS]
     return varying
+
+
+def run_params(run: dict[str, Any]) -> dict[str, Any]:
+    """A run's ``method_params`` under the rule's current parameter names (runs made before a rename)."""
+    return current_method_params(run["method"], run.get("method_params") or {})
 
 
 def load_run(run_dir: Path) -> dict[str, Any] | None:
@@ -144,12 +150,12 @@ def results_frame(results: Sequence[dict[str, Any]], n_boot: int = DEFAULT_RESAM
     Speed-up = mean AR latency / mean run latency over the images timed in both runs (paired); without per-image
     rows, over each run's own timed images.
     """
-    params_of = {m: [r["run"].get("method_params") or {} for r in results if r["run"]["method"] == m]
+    params_of = {m: [run_params(r["run"]) for r in results if r["run"]["method"] == m]
                  for m in {r["run"]["method"] for r in results}}
     keys = {m: label_keys(p, method_defaults(m)) for m, p in params_of.items()}
     rows = []
     for res in results:
-        run, params = res["run"], res["run"].get("method_params") or {}
+        run, params = res["run"], run_params(res["run"])
         rows.append({
             "run_dir": res["run_dir"], "model": run["model"], "dataset": run["dataset"], "method": run["method"],
             "label": method_label(run["method"], params, keys[run["method"]]), "lam": params.get("lam"),
