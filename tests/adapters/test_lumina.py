@@ -176,6 +176,7 @@ def chi_square_p(counts: np.ndarray, probs: np.ndarray) -> float:
     return float(chisquare(obs, exp).pvalue)
 
 
+@pytest.mark.statistical
 def test_sjd_is_distribution_identical_to_ar_and_amplify_is_not():
     a = tiny_lumina_adapter(grid=(2, 2), codes=3, head_scale=6.0, jacobi_tail=0)
     combos, probs = exact_sequence_distribution(a)

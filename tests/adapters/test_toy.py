@@ -202,6 +202,7 @@ def test_clip_loads_through_open_clip(tokenizer: PatchTokenizer, heldout_images)
     assert matched.mean() > shuffled.mean() + 5
 
 
+@pytest.mark.slow
 def test_training_script_trains_continues_and_saves(tmp_path) -> None:
     """experiments/train_toy.py end to end on a tiny LM (compiled loss): log rows, a loadable checkpoint, a
     continued phase."""
@@ -213,7 +214,7 @@ def test_training_script_trains_continues_and_saves(tmp_path) -> None:
     from csd.toy import ASSETS
     from csd.toy.model import load_toy_lm
 
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[2]
     shutil.copy(ASSETS / "tokenizer.safetensors", tmp_path)
     log = tmp_path / "log.csv"
     base = [sys.executable, str(repo / "experiments" / "train_toy.py"), "--stages", "lm", "--out", str(tmp_path),

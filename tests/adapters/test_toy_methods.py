@@ -14,6 +14,7 @@ def toy_ar():
     return Decoder(model="toy", method="ar", device="cpu")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", [m for m in choices("method") if m != "ar"])
 def test_every_method_generates_on_the_toy(toy_ar, method):
     dec = toy_ar.with_method(method, **({"method.k": 16} if method == "lantern" else {}))

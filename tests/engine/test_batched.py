@@ -120,6 +120,7 @@ def test_fewer_images_than_slots(janus):
     assert list(JacobiEngine(janus, SJD(), ChainDrafter(), batch_size=4).generate_many([])) == []
 
 
+@pytest.mark.statistical
 def test_batched_sjd_is_lossless_with_mixed_prompts():
     """Chi-square of SJD sequences vs the exact AR law, two prompts of different lengths in every batch."""
     adapter = rejecting_janus(grid=2, codebook=3, head_scale=12.0, guidance_scale=2.0, seed=1)

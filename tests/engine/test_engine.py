@@ -109,6 +109,7 @@ def test_ar_is_window_one(adapter):
     assert gen.nfe == adapter.layout.length and gen.stats["drafts_proposed"] == 0
 
 
+@pytest.mark.slow
 def test_padded_window_gives_identical_tokens(adapter):
     """The compiled path's fixed-shape windows (drafts padded to L, fixed cache; traced with the ``eager`` backend)
     change nothing but the shapes."""

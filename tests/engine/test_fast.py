@@ -42,6 +42,7 @@ def decode(adapter, rule, window: int, compiled: CompiledStep | None, prompt: st
     return JacobiEngine(adapter, rule, ChainDrafter(window=window), compiled=compiled).generate(prompt, seed=seed)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("rule", "window"), [(SJD(), 1), (SJD(), 4), (CSD(lam=0.5, delta=0.9), 4)])
 def test_compiled_path_is_token_identical(janus, rule, window):
     adapter, compiled = janus
@@ -56,6 +57,7 @@ def test_compiled_path_is_token_identical(janus, rule, window):
     assert rejections >= 3 or window == 1  # measured: SJD 11, CSD 7 rejections (each rolls the window back)
 
 
+@pytest.mark.slow
 def test_no_recompilation_across_prompts(janus):
     adapter, compiled = janus
     for window in (1, 4):  # both step shapes, q = 1 and q = 4, traced on the first prompt
@@ -102,6 +104,7 @@ def test_bench_latency_smoke(tmp_path):
     assert (tmp_path / "janus_pro_tiny_cpu.md").read_text().startswith("## Latency")
 
 
+@pytest.mark.slow
 def test_toy_model_compiled_path_is_token_identical():
     """The shipped toy model on the compiled path: the eager path's tokens."""
     from csd.adapters.toy import load_toy_adapter
@@ -140,6 +143,7 @@ def unique_graphs() -> int:
     return torch._dynamo.utils.counters["stats"]["unique_graphs"]
 
 
+@pytest.mark.slow
 def test_batched_compiled_engine_two_graphs_no_recompile_same_tokens():
     """B = 3 on the compiled step: exactly two graphs ([3 * 2, 5] and [3 * 2, 1]) for every prompt, refill and
     rule, and the tokens / NFE / stats of the batched eager engine and of batch 1."""
@@ -166,8 +170,9 @@ def test_batched_compiled_engine_two_graphs_no_recompile_same_tokens():
         assert counts.rejections >= 12 and counts.carried_rejections >= 3 and counts.uneven >= 4, counts
 
 
+@pytest.mark.slow
 def test_batched_compiled_engine_one_host_sync_per_iteration(monkeypatch):
-    """As ``tests/test_batched.py``: one read of the committed counts per iteration, plus one per image."""
+    """As ``tests/engine/test_batched.py``: one read of the committed counts per iteration, plus one per image."""
     adapter = rejecting_janus()
     engine = JacobiEngine(adapter, CSD(lam=0.5, delta=0.9), ChainDrafter(window=5), batch_size=3,
                           compiled=CompiledStep(adapter, backend="aot_eager"))
@@ -206,6 +211,7 @@ def test_adapters_without_a_compiled_path_are_refused():
         CompiledStep(rejecting_lumina(grid=(2, 2)))
 
 
+@pytest.mark.slow
 def test_toy_model_batched_compiled_engine_matches_eager():
     """The shipped toy model, B = 3 on the compiled step, 4 prompts: the batched eager engine's tokens."""
     from csd.adapters.toy import load_toy_adapter

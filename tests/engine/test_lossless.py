@@ -18,6 +18,8 @@ from csd.drafters import ChainDrafter
 from csd.engine import JacobiEngine
 from tests.helpers import chi_square_pvalue, decode_counts, exact_sequence_distribution, rejecting_janus
 
+pytestmark = pytest.mark.statistical
+
 PROMPT = "a cat"
 N_SAMPLES = 2000
 

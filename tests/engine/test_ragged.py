@@ -88,6 +88,7 @@ def test_bounds_are_checked():
         SlotBatch(adapter, 0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", ["toy", "janus"])
 def test_compiled_batched_windows_match_eager_batched(model):
     """The compiled path's fixed cache (traced with the ``eager`` backend) gives the eager cache's logits, slot by

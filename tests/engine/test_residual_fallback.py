@@ -72,6 +72,7 @@ def test_lossless_residual_falls_back_to_q_and_says_so():
     assert torch.equal(lossless_residual(q, q), q)
 
 
+@pytest.mark.statistical
 def test_parity_residual_with_no_mass_draws_uniformly_over_the_codes():
     """The one-position case: q = {4: .6, 5: .4}, fresh one-hot draft 7 (q(7) = 0), k = 1, delta = 0.6. J = 1,
     b = 0.6; a rejection zeroes neighbours 4 and 5, so q' = 0: the released code draws uniformly."""

@@ -2,7 +2,7 @@
 
 Lossless: recursive rejection sampling commits exactly ``q`` (one step, 200 000 trees), and tree windows with
 RRS, Adaptive Continuation and Proactive Drafting give AR's law of a body prefix (chi-square against the
-enumerated law of a tiny Janus, like tests/test_lossless.py); the released code's variant
+enumerated law of a tiny Janus, like tests/engine/test_lossless.py); the released code's variant
 (``pac_code_parity``) is detected as biased. Tree attention: every node's logits are those of a plain
 forward over its root-to-node path, and the kept path's cache continues like a chain's. Counters, errors and
 the pipeline end to end.
@@ -101,6 +101,7 @@ LOSSLESS = {
 }
 
 
+@pytest.mark.statistical
 @pytest.mark.parametrize("case", list(LOSSLESS))
 def test_tree_windows_are_lossless(models, case):
     """Measured over the 2000 images of a case: 3800 to 10900 rejected siblings, 1500 to 5100 windows that ended at a
@@ -109,6 +110,7 @@ def test_tree_windows_are_lossless(models, case):
     assert prefix_pvalue(models, codes, least=(1000, 500), **args) > 1e-3
 
 
+@pytest.mark.statistical
 def test_code_parity_is_detected(models):
     """Negative control: the released code's candidates (siblings from the residual ``(q - p)_+``, AC inside the tree
     from the all-siblings residual) and its longest-run row choice move the law away from AR's."""
@@ -116,6 +118,7 @@ def test_code_parity_is_detected(models):
     assert prefix_pvalue(models, 3, **args) < 1e-6
 
 
+@pytest.mark.slow
 def test_csd_on_trees_with_lam_zero_is_sjd(models):
     """CSD's relaxation enters the tree through the rule only: ``lam = 0`` gives SJD's tokens, ``lam > 0`` relaxes."""
     adapter = models[5][0]
@@ -167,6 +170,7 @@ def random_law(g: torch.Generator, vocab: int = 6) -> torch.Tensor:
 N_STARS = 200_000
 
 
+@pytest.mark.statistical
 @pytest.mark.parametrize("width", [2, 3, 5])
 def test_rrs_without_replacement_is_exact(width):
     """Candidates drawn one after the other from ``p`` without the earlier ones (Proactive Drafting), all recorded
@@ -181,6 +185,7 @@ def test_rrs_without_replacement_is_exact(width):
     assert law_pvalue(committed, q) > 1e-3
 
 
+@pytest.mark.statistical
 def test_rrs_mixed_records_are_exact():
     """Candidate 0 carried (law ``p``), fresh siblings distinct uniform tokens recorded uniform or one-hot: still ``q``."""
     g = torch.Generator().manual_seed(7)
@@ -196,6 +201,7 @@ def test_rrs_mixed_records_are_exact():
         assert law_pvalue(star_commits(SJD(), q, cands, laws, seed=8), q) > 1e-3
 
 
+@pytest.mark.statistical
 def test_rrs_detects_siblings_from_another_law():
     """The same test rejects siblings drawn with replacement, or from the residual ``(q' - p)_+`` of another target
     (the released code's siblings), while recorded as draws from ``p`` without replacement."""
@@ -362,6 +368,7 @@ def test_engine_refuses_batches_and_the_compiled_path():
                      compiled=CompiledStep(adapter, backend="eager"))
 
 
+@pytest.mark.slow
 def test_sjd_pac_through_the_pipeline(tmp_path):
     """``python run.py model=toy method=sjd_pac dataset=toy dataset.n_prompts=1`` end to end: records with the tree
     settings, more than one token per forward."""

@@ -52,7 +52,7 @@ def target_statistics(adapter: ModelAdapter, bodies: int = 4, seed: int = 0) -> 
 
 MODELS = {
     # name: (builder, entropy range in nats, least mean move); measured: 1.39 nats / 0.48 (16 codes), 1.21 / 0.55
-    # (8), 1.43 / 0.50 (8), 0.56 / 0.34 (3 codes, tests/test_lossless.py), 0.55 / 0.60 (3, tests/test_sjd_pac.py)
+    # (8), 1.43 / 0.50 (8), 0.56 / 0.34 (3 codes, tests/engine/test_lossless.py), 0.55 / 0.60 (3, tests/engine/test_sjd_pac.py)
     "janus": (rejecting_janus, (1.0, 2.0), 0.3),
     "lumina": (rejecting_lumina, (1.0, 2.0), 0.3),
     "emu3": (rejecting_emu3, (1.0, 2.0), 0.3),

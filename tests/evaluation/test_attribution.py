@@ -68,6 +68,7 @@ def test_bad_inputs() -> None:
         divergence(np.zeros((2, 2)), np.zeros((2, 3)), layout())
 
 
+@pytest.mark.slow
 def test_relaxed_run_first_differs_from_sjd_at_its_first_relaxed_acceptance() -> None:
     """The premise of the failure attribution, on the shipped toy model: same prompt and seed, CSD's tokens equal
     SJD's up to CSD's first relaxed acceptance and differ there (the residual sample excludes the draft)."""

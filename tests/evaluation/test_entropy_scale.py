@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from experiments.entropy_scale import entropy_scale
-from tests.test_eval_fixtures import REPO
+from tests.evaluation.test_eval_fixtures import REPO
 
 AR = REPO / "results" / "entropy_study" / "ar"
 
@@ -27,6 +27,7 @@ def test_scale_matches_the_study_summary() -> None:
     assert 0 < scale["below_1e-3"] < 1
 
 
+@pytest.mark.slow
 def test_cli_table_and_bad_input(tmp_path) -> None:
     out = tmp_path / "scale.md"
     done = subprocess.run([sys.executable, "experiments/entropy_scale.py", str(AR), "--out", str(out)], cwd=REPO,

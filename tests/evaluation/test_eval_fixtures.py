@@ -14,7 +14,7 @@ from csd.records import COMMIT_ACCEPTED, COMMIT_RELAXED, COMMIT_SAMPLED, ImageRe
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def solid_image(value: int, size: int = 32, noise: int = 0, seed: int = 0) -> np.ndarray:

@@ -11,7 +11,7 @@ import pytest
 from csd.evaluation.content import acceptance_by_entropy, acceptance_maps, on_grid, region_grid
 from csd.evaluation.speed import latency_stats, speed_metrics, speedup
 from csd.records import COMMIT_ACCEPTED, COMMIT_FORCED, COMMIT_SAMPLED, load_records
-from tests.test_eval_fixtures import make_run
+from tests.evaluation.test_eval_fixtures import make_run
 
 
 def test_latency_stats() -> None:

@@ -15,8 +15,8 @@ from csd.evaluation import evaluate_run
 from csd.evaluation.clip_score import load_open_clip
 from csd.evaluation.run import summary_line
 from csd.prompts import Prompt
-from tests.test_eval_clip import tiny_config
-from tests.test_eval_fixtures import eval_cfg, make_run
+from tests.evaluation.test_eval_clip import tiny_config
+from tests.evaluation.test_eval_fixtures import eval_cfg, make_run
 
 SCENES = [{"groups": [{"colour": c, "shape": "square", "count": 1}], "relation": r, "background": b}
           for c, r, b in [("red", None, "plain"), ("red", "left of", "plain"), ("blue", "above", "striped"),
@@ -66,7 +66,7 @@ def fake_toy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 def test_evaluate_toy_run(tmp_path: Path, fake_toy: None) -> None:
     run = make_run(tmp_path / "csd", method="csd", n_images=4, relaxed_every=4, method_params={"lam": 0.5, "delta": 0.3},
                    metas=SCENES, images=[generated(i) for i in range(4)])
-    cfg = eval_cfg(tmp_path, **{"eval.toy.render": "tests.test_eval_toy.render_scene"})
+    cfg = eval_cfg(tmp_path, **{"eval.toy.render": "tests.evaluation.test_eval_toy.render_scene"})
     result = evaluate_run(run, cfg)
     on_disk = json.loads((run / "metrics.json").read_text())
     assert on_disk["metrics"] == pytest.approx(result["metrics"], nan_ok=True)

@@ -34,7 +34,7 @@ from csd.evaluation.geneval_score import (
 )
 from csd.evaluation.metrics import METRICS
 from csd.evaluation.run import evaluate_run
-from tests.test_eval_fixtures import eval_cfg, make_run, solid_image
+from tests.evaluation.test_eval_fixtures import eval_cfg, make_run, solid_image
 
 SIZE = 64
 IMAGE = Image.new("RGB", (SIZE, SIZE))

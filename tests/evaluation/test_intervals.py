@@ -30,9 +30,9 @@ from csd.report import build_report
 from csd.report.collect import results_frame
 from csd.report.pareto import pareto_figure
 from csd.report.table import FLAG, MIN_PROMPTS, NOTE_FLAG, interval_cell, markdown_table, paper_table
-from tests.test_eval_fid import MeanColourFeatures, images
-from tests.test_eval_fixtures import eval_cfg, make_run
-from tests.test_eval_toy import SCENES, fake_toy, generated  # noqa: F401  (fake_toy: a fixture)
+from tests.evaluation.test_eval_fid import MeanColourFeatures, images
+from tests.evaluation.test_eval_fixtures import eval_cfg, make_run
+from tests.evaluation.test_eval_toy import SCENES, fake_toy, generated  # noqa: F401  (fake_toy: a fixture)
 
 
 def covered(values: np.ndarray, prompt_ids: list[str], truth: float, seed: int) -> tuple[bool, float]:
@@ -40,6 +40,7 @@ def covered(values: np.ndarray, prompt_ids: list[str], truth: float, seed: int) 
     return lo <= truth <= hi, hi - lo
 
 
+@pytest.mark.statistical
 def test_prompt_bootstrap_covers_the_mean() -> None:
     rng = np.random.default_rng(1)
     ids = [f"p{i}" for i in range(40)]
@@ -47,6 +48,7 @@ def test_prompt_bootstrap_covers_the_mean() -> None:
     assert 0.90 <= np.mean(hits) <= 0.99
 
 
+@pytest.mark.statistical
 def test_few_prompts_give_too_narrow_intervals() -> None:
     # why the report marks intervals over fewer than MIN_PROMPTS prompts: the percentile bootstrap undercovers
     rng = np.random.default_rng(3)
@@ -57,6 +59,7 @@ def test_few_prompts_give_too_narrow_intervals() -> None:
     assert coverage[5] < 0.87 and coverage[MIN_PROMPTS] >= 0.9  # measured: 0.835 and 0.905 (nominal 0.95)
 
 
+@pytest.mark.statistical
 def test_samples_of_a_prompt_are_resampled_together() -> None:
     # 50 prompts x 4 samples that share a strong prompt effect: 200 correlated images are worth ~50 independent ones
     rng = np.random.default_rng(2)
@@ -156,6 +159,7 @@ def test_jackknife_groups_keep_prompts_together() -> None:
     assert sorted(set(jackknife_groups(ids[:12]))) == [0, 1, 2, 3]  # 4 prompts: delete-one-prompt
 
 
+@pytest.mark.statistical
 def test_jackknife_covers_the_expected_fid() -> None:
     """Gaussian features, N = 60, D = 8: the interval covers E[FID_60] (FID's small-set bias included) ~95 %."""
     rng = np.random.default_rng(6)
@@ -184,7 +188,7 @@ def test_jackknife_covers_the_expected_fid() -> None:
 def test_metrics_json_has_intervals_and_per_image_rows(tmp_path: Path, fake_toy: None) -> None:  # noqa: F811
     run = make_run(tmp_path / "csd", method="csd", n_images=4, relaxed_every=4, method_params={"lam": 0.5, "delta": 0.3},
                    metas=SCENES, images=[generated(i) for i in range(4)])
-    cfg = eval_cfg(tmp_path, **{"eval.toy.render": "tests.test_eval_toy.render_scene", "eval.bootstrap": 200})
+    cfg = eval_cfg(tmp_path, **{"eval.toy.render": "tests.evaluation.test_eval_toy.render_scene", "eval.bootstrap": 200})
     result = evaluate_run(run, cfg)
     on_disk = json.loads((run / "metrics.json").read_text())
     assert on_disk["intervals"] == result["intervals"]
@@ -202,7 +206,7 @@ def test_metrics_json_has_intervals_and_per_image_rows(tmp_path: Path, fake_toy:
         if name != "fid":
             assert point[name] == pytest.approx(m[name])
             assert lo <= m[name] <= hi
-    off = evaluate_run(run, eval_cfg(tmp_path, **{"eval.toy.render": "tests.test_eval_toy.render_scene", "eval.bootstrap": 0}))
+    off = evaluate_run(run, eval_cfg(tmp_path, **{"eval.toy.render": "tests.evaluation.test_eval_toy.render_scene", "eval.bootstrap": 0}))
     assert off["intervals"] == {} and "bootstrap" not in off["protocol"]
 
 
@@ -284,7 +288,7 @@ def test_pareto_draws_error_bars() -> None:
 
 
 def test_report_files_show_intervals(tmp_path: Path) -> None:
-    from tests.test_report import fixture_sweep
+    from tests.evaluation.test_report import fixture_sweep
 
     sweep = fixture_sweep(tmp_path / "sweep", tmp_path)
     out = build_report(sweep, eval_cfg(tmp_path, **{"eval.bootstrap": 100}))

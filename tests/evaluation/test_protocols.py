@@ -25,9 +25,9 @@ from csd.evaluation import evaluate_run
 from csd.evaluation.clip_score import CLAMPS, load_open_clip
 from csd.evaluation.fid import module_fid
 from csd.evaluation.images import Preprocess, step_error
-from tests.test_config import make_cfg
-from tests.test_eval_clip import tiny_config
-from tests.test_eval_fixtures import make_run
+from tests.evaluation.test_eval_clip import tiny_config
+from tests.evaluation.test_eval_fixtures import make_run
+from tests.pipeline.test_config import make_cfg
 
 
 def ramp(h: int = 4, w: int = 6) -> np.ndarray:

@@ -21,7 +21,7 @@ from csd.report.collect import find_run_dirs, results_frame
 from csd.report.content_plots import heatmap_figure
 from csd.report.pareto import outliers, pareto_front, plot_pareto
 from csd.report.table import SMALL_N, console_tables, markdown_table, table_context, write_tables
-from tests.test_eval_fixtures import REPO, eval_cfg, make_run
+from tests.evaluation.test_eval_fixtures import REPO, eval_cfg, make_run
 
 
 def fixture_sweep(root: Path, tmp_path: Path) -> Path:

@@ -10,7 +10,7 @@ from PIL import Image, ImageFont
 from csd.report.samples import CAPTION_LINES, caption_lines, captioned_grid
 from csd.tracking import sample_grid
 from experiments.make_sample_grid import sample_grid as run_grid
-from tests.test_eval_fixtures import make_run
+from tests.evaluation.test_eval_fixtures import make_run
 
 LONG = "a red circle above a blue square on a striped background next to three small yellow triangles in a row " * 3
 

@@ -16,7 +16,7 @@ from csd.pipeline import GenerationInterrupted, generate_run
 from csd.ragged import SlotBatch
 from csd.records import RECORDS_FILE, load_records
 from experiments import bench_throughput
-from tests.test_config import make_cfg
+from tests.pipeline.test_config import make_cfg
 
 #: record fields that depend only on (prompt, seed): equal at every batch size
 IMAGE_FIELDS = (
@@ -62,6 +62,7 @@ def batch1(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, int], di
     return records
 
 
+@pytest.mark.slow
 def test_batched_run_refills_and_matches_batch_1_with_a_latency_probe(tmp_path, monkeypatch, batch1):
     calls: list[tuple[str, int]] = []  # (SlotBatch method, its batch size / slot argument; -1 for forwards)
 
@@ -104,6 +105,7 @@ def test_batched_run_refills_and_matches_batch_1_with_a_latency_probe(tmp_path, 
     assert metrics["nfe_mean"] == pytest.approx(sum(r["nfe"] for r in batch1.values()) / 5)
 
 
+@pytest.mark.slow
 def test_fewer_images_than_slots(tmp_path, batch1):
     run_dir = generate_run(toy_cfg(tmp_path, 2, "engine.batch_size=4"))
     records = by_key(run_dir)
@@ -112,6 +114,7 @@ def test_fewer_images_than_slots(tmp_path, batch1):
     assert "latency_probe" not in json.loads((run_dir / "run.json").read_text())
 
 
+@pytest.mark.slow
 def test_kill_mid_batch_then_resume(tmp_path, monkeypatch, batch1):
     class Killed(JacobiEngine):
         """Ctrl-C after two finished images, with three in flight."""
@@ -173,6 +176,7 @@ def test_bench_throughput_smoke(tmp_path):
     assert "| csd | 3 | 6 |" in (tmp_path / "throughput_janus_pro_tiny_cpu.md").read_text()
 
 
+@pytest.mark.slow
 def test_compiled_batched_run_with_a_latency_probe(tmp_path, batch1):
     cfg = toy_cfg(tmp_path, 3, "engine.compile=true", "engine.compile_backend=aot_eager", "engine.batch_size=2",
                   "engine.latency_probe=1", "engine.warmup=1")

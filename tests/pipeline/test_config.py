@@ -17,7 +17,7 @@ from csd.config import CONF_DIR, ConfigError, build_drafter, build_rule, choices
 from csd.pipeline import generate_run
 from csd.records import RECORDS_FILE, load_records
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def make_cfg(*overrides: str):
@@ -28,6 +28,7 @@ def make_cfg(*overrides: str):
     return cfg
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", choices("method"))
 @pytest.mark.parametrize("model", choices("model"))
 def test_every_method_and_model_composes_and_validates(method, model):
@@ -106,18 +107,21 @@ def run_cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(ROOT / "run.py"), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.slow
 def test_unknown_choice_lists_the_valid_ones(tmp_path):
     out = run_cli("method=nope", f"hydra.run.dir={tmp_path}")
     assert out.returncode != 0
     assert "nope" in out.stderr and "csd" in out.stderr and "sjd" in out.stderr
 
 
+@pytest.mark.slow
 def test_bad_value_fails_before_any_model_loads(tmp_path):
     out = run_cli("method.lam=-1", "model=janus_pro_7b", f"hydra.run.dir={tmp_path}")
     assert out.returncode == 2
     assert "method.lam=-1" in out.stderr and "Traceback" not in out.stderr
 
 
+@pytest.mark.slow
 def test_missing_weights_give_a_short_error(tmp_path):
     out = run_cli("model=janus_pro_7b", "model.path=/nonexistent/janus", "stage=generate", f"hydra.run.dir={tmp_path}")
     assert out.returncode == 2
@@ -157,6 +161,7 @@ def test_generate_writes_records_and_resumes(tmp_path):
     assert path.stat().st_mtime_ns == mtime
 
 
+@pytest.mark.slow
 def test_multirun_sweeps_two_jobs(tmp_path):
     out = run_cli(
         "-m", "stage=generate", "model=janus_pro_tiny", "dataset=smoke", "dataset.n_prompts=1",
@@ -168,6 +173,7 @@ def test_multirun_sweeps_two_jobs(tmp_path):
     assert load_records(runs[1])[0]["method_params"]["lam"] == 0.2
 
 
+@pytest.mark.slow
 def test_multirun_validates_every_job_before_the_first_starts(tmp_path):
     out = run_cli(
         "-m", "stage=generate", "model=janus_pro_tiny", "dataset=smoke", "dataset.n_prompts=1", "method=ar,sjd_pac",
@@ -200,7 +206,7 @@ def test_sweep_jobs_expand_like_hydras_basic_sweeper():
 
 def test_strict_checks_the_metric_files_before_generating(tmp_path, monkeypatch, capsys):
     from csd import cli
-    from tests.test_rundir import no_model_load, tiny_cfg
+    from tests.pipeline.test_rundir import no_model_load, tiny_cfg
 
     no_model_load(monkeypatch)
     for overrides, message in (

@@ -14,7 +14,7 @@ from csd.config import ConfigError, load_prompts
 from csd.data.coco import coco2017_prompts
 from csd.data.files import MissingDataError
 from csd.data.geneval import export_geneval, geneval_prompts
-from tests.test_eval_fixtures import REPO, make_run
+from tests.evaluation.test_eval_fixtures import REPO, make_run
 
 
 def write_coco(path: Path) -> Path:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DOC_FILES = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md"), ROOT / "tests" / "README.md",
                     ROOT / "csd" / "toy" / "MODEL_CARD.md"])
 
@@ -108,7 +108,7 @@ def test_checker_finds_broken_links(tmp_path: Path) -> None:
 
 
 SOURCE_FILES = sorted(
-    p for pattern in ("csd/**/*.py", "baselines/*.py", "experiments/*.py", "tests/*.py", "run.py", "conf/**/*.yaml")
+    p for pattern in ("csd/**/*.py", "baselines/*.py", "experiments/*.py", "tests/**/*.py", "run.py", "conf/**/*.yaml")
     for p in ROOT.glob(pattern)
 )
 DOCS_REFERENCE = re.compile(r"\b(docs/[\w.-]+\.md)\b")

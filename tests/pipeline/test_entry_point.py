@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_eval_fixtures import REPO, make_run
+from tests.evaluation.test_eval_fixtures import REPO, make_run
+
+pytestmark = pytest.mark.slow  # every test runs run.py in a subprocess
 
 
 @pytest.fixture(scope="module")

@@ -29,7 +29,7 @@ from csd.adapters.lumina import _local_dir
 from csd.evaluation.clip_score import load_open_clip
 from csd.evaluation.geneval_score import load_detector
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(autouse=True)
@@ -153,6 +153,7 @@ def test_open_clip_tag_fails_in_our_line_only(
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
 
 
+@pytest.mark.slow
 def test_cli_missing_model_prints_one_line_without_hub_retries(tmp_path: Path) -> None:
     """``python run.py model=janus_pro_7b`` without HF_HUB_OFFLINE, the hub unresolvable (HF_ENDPOINT on .invalid)."""
     env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}

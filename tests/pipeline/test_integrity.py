@@ -24,9 +24,9 @@ from csd.report import build_report
 from csd.report.collect import load_run
 from csd.rundir import LOCK_FILE
 from csd.status import status_table
-from tests.test_config import make_cfg, run_cli
-from tests.test_eval_fixtures import REPO, eval_cfg, make_run
-from tests.test_rundir import dead_pid, tiny_cfg
+from tests.evaluation.test_eval_fixtures import REPO, eval_cfg, make_run
+from tests.pipeline.test_config import make_cfg, run_cli
+from tests.pipeline.test_rundir import dead_pid, tiny_cfg
 
 #: metrics that read only the records (no images, no CLIP model): fast
 FAST = {"eval.toy.metrics": ["speed", "content"]}
@@ -199,6 +199,7 @@ def test_evaluate_names_a_broken_or_missing_image_and_says_resume(tmp_path, caps
 # -- directories that do not exist are named, and nothing is created -----------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("args", "message"), [
     (["stage=evaluate", "run_dir=gone"], "run_dir=gone does not exist"),
     (["stage=evaluate", "run_dir=empty"], "run_dir=empty is not a generated run directory (no run.json)"),

@@ -9,7 +9,7 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from tests.test_eval_fixtures import REPO
+from tests.evaluation.test_eval_fixtures import REPO
 
 ABLATION = REPO / "results" / "ablation_lambda_delta"
 

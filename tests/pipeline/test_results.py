@@ -10,10 +10,11 @@ import pytest
 from csd import Decoder
 from csd.records import load_records
 
-RESULTS = Path(__file__).resolve().parent.parent / "results"
+RESULTS = Path(__file__).resolve().parents[2] / "results"
 RUNS = sorted(RESULTS.glob("toy_paper/*/run.json"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("run_json", [p for p in RUNS if p.parent.name.split("_", 1)[1] in ("ar", "csd", "sjd_pac")], ids=lambda p: p.parent.name)
 def test_committed_toy_run_reproduces(run_json):
     info = json.loads(run_json.read_text())
@@ -28,6 +29,7 @@ def test_committed_toy_run_reproduces(run_json):
 STUDY = RESULTS / "entropy_study"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("run", ["csd_gated_x1.10", "entropy_sjd_x1.10", "amplify_x1.25"])
 def test_committed_study_run_reproduces_at_batch_1(run):
     """The study decodes at batch 16; its calibrated knobs give the same tokens one image at a time."""

@@ -19,8 +19,8 @@ from csd.lockfile import FileLock, LockHeldError
 from csd.pipeline import generate_run
 from csd.records import RECORDS_FILE, REJECTED_FILE, RecordsError, image_readable, load_records
 from csd.rundir import ADDED_KEYS, FINGERPRINT_FILE, LOCK_FILE, stored_fingerprint
-from tests.test_config import make_cfg
-from tests.test_eval_fixtures import REPO, eval_cfg, make_run
+from tests.evaluation.test_eval_fixtures import REPO, eval_cfg, make_run
+from tests.pipeline.test_config import make_cfg
 
 HOST = socket.gethostname()
 

@@ -24,8 +24,8 @@ from csd.pipeline import generate_run
 from csd.records import RECORDS_FILE, load_records, record_files
 from csd.rundir import RunLock, check_fingerprint, shard_of
 from csd.status import status_table
-from tests.test_config import ROOT
-from tests.test_rundir import dead_pid, no_model_load, tiny_cfg
+from tests.pipeline.test_config import ROOT
+from tests.pipeline.test_rundir import dead_pid, no_model_load, tiny_cfg
 
 #: janus_pro_tiny on all 6 smoke captions, 2 samples each: 12 images, split 10 / 2 over 2 shards
 RUN = ["model=janus_pro_tiny", "dataset=smoke", "dataset.n_prompts=6", "dataset.samples_per_prompt=2", "method=csd",
@@ -60,6 +60,7 @@ def test_shard_membership_is_a_hash_of_the_prompt_id():
     assert all(shard_of(i, 1) == 0 for i in ids)
 
 
+@pytest.mark.slow
 def test_two_shards_through_local_procs_equal_a_one_process_run(tmp_path):
     one, two = tmp_path / "one", tmp_path / "two"
     proc = cli("-m", *RUN, "stage=generate", "dataset.num_shards=2", "dataset.shard=0,1", "hydra/launcher=local_procs",
@@ -88,6 +89,7 @@ def test_two_shards_through_local_procs_equal_a_one_process_run(tmp_path):
     assert "allow_partial" not in sharded["run"]
 
 
+@pytest.mark.slow
 def test_killed_shard_is_dead_in_status_refused_by_evaluate_and_completes_on_rerun(tmp_path, capsys):
     run = tmp_path / "run"
     generate_run(shard_cfg(run, 1))  # the small shard, complete
@@ -121,6 +123,7 @@ def test_killed_shard_is_dead_in_status_refused_by_evaluate_and_completes_on_rer
     assert evaluate_run(run, cfg)["run"]["n_records"] == 12
 
 
+@pytest.mark.slow
 def test_status_cli_over_a_sweep_dir(tmp_path):
     generate_run(shard_cfg(tmp_path / "a" / "run", 1))
     proc = cli("stage=status", f"sweep_dir={tmp_path / 'a'}", "logger=disabled")

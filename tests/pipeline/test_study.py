@@ -17,7 +17,7 @@ from csd import study
 from csd.cli import run_stages
 from csd.config import CONF_DIR, ConfigError
 from csd.records import RECORDS_FILE
-from tests.test_eval_fixtures import REPO
+from tests.evaluation.test_eval_fixtures import REPO
 
 RULES = {
     "csd": {"method": "csd", "knob": "lam", "lo": 0.01, "hi": 30.0, "increasing": True, "log_scale": True, "overrides": {"delta": 1.0}},
@@ -49,6 +49,7 @@ def finished(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root / "study"
 
 
+@pytest.mark.slow
 def test_study_runs_end_to_end(finished: Path) -> None:
     out = finished / "study"
     for name in ("study.json", "study.md", "quality_vs_compression.png", "relaxed_by_region.png",
@@ -88,6 +89,7 @@ def test_study_runs_end_to_end(finished: Path) -> None:
     assert "Quality at exactly the target step compression" in (out / "study.md").read_text()
 
 
+@pytest.mark.slow
 def test_rerun_regenerates_nothing(finished: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     files = [p for p in finished.rglob("*") if p.name in (RECORDS_FILE, "metrics.json", study.CALIBRATION_FILE)]
     stamps = {p: p.stat().st_mtime_ns for p in files}
@@ -129,6 +131,7 @@ def test_bad_study_config_is_one_line_before_any_model_loads(tmp_path: Path, mon
     assert not (tmp_path / "study").exists()
 
 
+@pytest.mark.slow
 def test_cli_refuses_a_bad_study_in_one_line(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, str(REPO / "run.py"), "experiment=entropy_study", "study.rules.csd.knob=c",
                           f"hydra.run.dir={tmp_path}"], capture_output=True, text=True, timeout=300, cwd=tmp_path)

@@ -9,7 +9,9 @@ import wandb
 from omegaconf import OmegaConf
 
 from csd.evaluation import evaluate_run
-from tests.test_eval_fixtures import REPO, eval_cfg, make_run
+from tests.evaluation.test_eval_fixtures import REPO, eval_cfg, make_run
+
+pytestmark = pytest.mark.slow  # each test evaluates a run into an offline W&B run
 
 
 def test_offline_wandb_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

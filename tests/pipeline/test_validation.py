@@ -13,7 +13,7 @@ from omegaconf import OmegaConf, open_dict
 
 from csd import cli, config
 from csd.config import CONF_DIR, ConfigError, build_rule, choices, method_params, validate
-from tests.test_config import make_cfg, run_cli
+from tests.pipeline.test_config import make_cfg, run_cli
 
 #: the config groups whose every key must have a schema entry
 SCHEMA_GROUPS = ("method", "drafter", "model", "dataset", "engine", "eval", "logger")
@@ -79,6 +79,7 @@ def test_good_values_of_every_type_pass(overrides):
     validate(make_cfg(*overrides))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
@@ -137,6 +138,7 @@ def test_metric_names_match_the_registry():
     assert config.metric_names() == sorted(METRICS)
 
 
+@pytest.mark.slow
 def test_method_common_is_not_a_method(tmp_path):
     assert "_common" not in choices("method")
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
@@ -184,6 +186,7 @@ def test_threads_are_set_before_any_stage(tmp_path, monkeypatch):
         calls.clear()
 
 
+@pytest.mark.slow
 def test_empty_prompt_list_says_so(tmp_path):
     empty = tmp_path / "evaluation_metadata.jsonl"
     empty.write_text("\n")
@@ -234,6 +237,7 @@ def test_valid_command_lines_pass_the_typo_check(args):
     config.check_overrides(args)
 
 
+@pytest.mark.slow
 def test_a_typo_on_the_command_line_is_one_line_instead_of_hydras_hint(tmp_path):
     out = run_cli("method.lamm=0.1", f"hydra.run.dir={tmp_path}")
     assert out.returncode == 2
@@ -265,7 +269,7 @@ def test_a_published_protocol_on_the_toy_is_refused():
 
 
 def test_evaluate_refuses_overrides_that_differ_from_the_run(tmp_path):
-    from tests.test_eval_fixtures import make_run
+    from tests.evaluation.test_eval_fixtures import make_run
 
     run = make_run(tmp_path / "r", "csd", method_params={"lam": 0.1, "delta": 0.5})
     for overrides, message in ((["method=sjd"], "generated with method=csd, not method=sjd"),
@@ -279,8 +283,9 @@ def test_evaluate_refuses_overrides_that_differ_from_the_run(tmp_path):
     cli.check_inputs(cfg, ["stage=evaluate", "method=csd", "method.lam=0.1"])
 
 
+@pytest.mark.slow
 def test_evaluate_with_another_method_is_one_cli_line(tmp_path):
-    from tests.test_eval_fixtures import make_run
+    from tests.evaluation.test_eval_fixtures import make_run
 
     run = make_run(tmp_path / "r", "csd", method_params={"lam": 0.1, "delta": 0.5})
     out = run_cli("stage=evaluate", f"run_dir={run}", "method=sjd", "logger=disabled")
@@ -326,7 +331,7 @@ def test_the_old_toy_metrics_key_still_works_with_a_deprecation_line(caplog):
 
 def test_eval_metrics_are_honoured_for_the_toy(tmp_path):
     from csd.evaluation import evaluate_run
-    from tests.test_eval_fixtures import eval_cfg, make_run
+    from tests.evaluation.test_eval_fixtures import eval_cfg, make_run
 
     run = make_run(tmp_path / "r", "csd", method_params={"lam": 0.1, "delta": 0.5})
     result = evaluate_run(run, eval_cfg(tmp_path, **{"eval.metrics": ["speed"]}))
@@ -340,7 +345,7 @@ def test_eval_metrics_are_honoured_for_the_toy(tmp_path):
 def test_a_window_longer_than_the_image_is_one_line_and_refused_when_compiled(tmp_path, caplog):
     from csd.pipeline import generate_run
     from csd.records import load_records
-    from tests.test_rundir import tiny_cfg
+    from tests.pipeline.test_rundir import tiny_cfg
 
     with caplog.at_level(logging.WARNING, logger="csd.pipeline"):
         generate_run(tiny_cfg(tmp_path / "long", "dataset.n_prompts=1", "drafter.window=100"))
@@ -358,7 +363,7 @@ def test_a_window_longer_than_the_image_is_one_line_and_refused_when_compiled(tm
 
 def test_a_compiled_cache_shorter_than_a_prompt_is_one_line_before_decoding(tmp_path):
     from csd.pipeline import generate_run
-    from tests.test_rundir import tiny_cfg
+    from tests.pipeline.test_rundir import tiny_cfg
 
     cfg = tiny_cfg(tmp_path, "dataset.n_prompts=2", "engine.compile=true", "engine.max_cache_len=40")
     with pytest.raises(ConfigError, match=r"^engine\.max_cache_len=40 is too small for prompt smoke-00\d \(\d+ cache "

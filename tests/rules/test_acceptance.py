@@ -93,6 +93,7 @@ def empirical(rule: AcceptanceRule, q: torch.Tensor, p_of: callable, draft_law: 
     return np.bincount(result.committed[:, 0].numpy(), minlength=V)
 
 
+@pytest.mark.statistical
 @pytest.mark.parametrize("name", sorted(RULES))
 @pytest.mark.parametrize("one_hot", [False, True])
 def test_committed_token_follows_analytic_law(name, one_hot):

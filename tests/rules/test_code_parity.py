@@ -17,7 +17,7 @@ from csd.config import ConfigError, build_rule, method_params, validate
 from csd.drafters import ChainDrafter
 from csd.engine import JacobiEngine
 from tests.helpers import count_host_reads, rejecting_janus
-from tests.test_config import make_cfg
+from tests.pipeline.test_config import make_cfg
 
 V = 16
 

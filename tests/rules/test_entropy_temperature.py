@@ -21,7 +21,7 @@ from csd.drafters import ChainDrafter
 from csd.engine import JacobiEngine
 from csd.processors import TargetPipeline
 from tests.helpers import chi_square_pvalue, exact_sequence_distribution
-from tests.test_config import make_cfg
+from tests.pipeline.test_config import make_cfg
 
 RELEASED = "{t0:1.5,alpha:2.5,theta:0.7,lo:0.7,hi:2.0}"
 
@@ -74,6 +74,7 @@ TINY = ("model=janus_pro_tiny", "model.grid=2", "model.codebook=3", "model.head_
         "model.guidance_scale=2.0", "model.seed=1")
 
 
+@pytest.mark.statistical
 def test_sjd_is_exact_for_the_tempered_target():
     """The tiny Janus of test_lossless.py, built from the config with the released parameters: SJD's
     sequences follow the tempered AR distribution, and not the untempered one (the test has power)."""

@@ -100,6 +100,7 @@ def test_residual_is_the_optimal_one(rule):
     assert torch.allclose(rule.residual(q, p, xs[:4]).probs, optimal, atol=1e-6)
 
 
+@pytest.mark.statistical
 def test_cool_sd_second_draft_follows_its_weight():
     """Through ``verify_window``: with the first draft forced, the second one (depth 1) commits
     ``p b_1 + (1 - sum p b_1) norm([q - p]_+)`` with ``b_1 = min(1, w_1 q/p)``."""

@@ -52,6 +52,7 @@ def test_real_model_presets_keep_the_absolute_threshold() -> None:
         compose_config("toy", "gsd", {"method.embed_threshold_quantile": 2})
 
 
+@pytest.mark.slow
 def test_scale_free_threshold_makes_gsd_relax_on_the_toy() -> None:
     """At the absolute 0.5 GSD is SJD on the toy (0.6 % of code pairs are that close); at the median of the toy's
     own distances its groups grow and it accepts more drafts than SJD on the same prompts and seeds (measured:
