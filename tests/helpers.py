@@ -36,7 +36,7 @@ from csd.tree import Tree  # noqa: E402
 #   rejecting_lumina()  8 codes, 3x3 + EOL: 1.2 nats (log 8 = 2.1), moves 0.60, 49 % rejected (head_scale 3, the
 #                       old test setting: 2.0 nats, nearly uniform)
 #   rejecting_emu3()    8 codes, 2x3 + EOL: 1.4 nats, moves 0.44, 51 % rejected (head_scale 3: 2.0 nats)
-# A new tiny model gets a rejecting_* builder here and a row in tests/test_tiny_models.py.
+# A new tiny model gets a rejecting_* builder here and a row in tests/engine/test_tiny_models.py.
 
 
 def rejecting_janus(grid: int = 4, codebook: int = 16, head_scale: float = 10.0, **overrides: Any) -> JanusAdapter:

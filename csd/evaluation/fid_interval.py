@@ -6,7 +6,7 @@ resampled FIDs sit far above the estimate. Leaving out a group of prompts repeat
 groups, ``theta_k`` = FID without group ``k``, the variance is ``(g - 1) / g * sum_k (theta_k - mean theta)^2``
 (Kott 2001, the delete-a-group jackknife) and the interval ``FID +- t_{g-1} * se``, clipped at 0. It is an
 interval for FID at this number of images (E[FID_N], FID's small-set bias included). In a simulation like
-tests/test_intervals.py's (Gaussian features, D = 16, N = 20, 60, 300; 300 runs each) it covered E[FID_N] in
+tests/evaluation/test_intervals.py's (Gaussian features, D = 16, N = 20, 60, 300; 300 runs each) it covered E[FID_N] in
 98 / 98 / 94 % of runs, a percentile bootstrap in 2 / 1 / 25 %.
 
 The generated images' features are recorded as torchmetrics' FID extracts them (:class:`FeatureRecorder`);

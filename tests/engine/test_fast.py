@@ -1,0 +1,224 @@
+"""The compiled path (``csd.fast.CompiledStep``): token identity with the eager path on the same ragged cache,
+exactly two graphs and no recompilation across prompts, refills and batches, rollback of the fixed cache, and the
+latency benchmark's CPU smoke run.
+
+The compiled step uses the ``aot_eager`` backend: the same full-graph, fixed-shape trace as inductor (graph breaks and
+recompilations show up identically) without minutes of C++ code generation on a CPU. Inductor itself reproduced these
+tokens too (checked by hand; too slow for CI).
+
+The tiny Janus is ``tests.helpers.rejecting_janus`` (4x4 tokens, 16 codes, targets that move with the previous
+tokens): the token-identity tests roll the fixed cache back after rejected carried drafts, which they count.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from csd.acceptance import CSD, SJD
+from csd.drafters import ChainDrafter
+from csd.engine import JacobiEngine, Request
+from csd.fast import CompiledStep
+from csd.ragged import SlotBatch, reference_logits
+from experiments import bench_latency
+from tests.helpers import OneImage, decode_counts, host_reads_per_batched_run, rejecting_janus
+
+torch.set_num_threads(1)
+
+PROMPTS = ("a red cat", "a dog on grass", "a big cat")  # the first and last have equal lengths
+
+
+@pytest.fixture(scope="module")
+def janus():
+    """The tiny Janus and its compiled step (one per adapter: the engine reuses its graphs and fixed cache)."""
+    torch.compiler.reset()
+    adapter = rejecting_janus()
+    return adapter, CompiledStep(adapter, backend="aot_eager")
+
+
+def decode(adapter, rule, window: int, compiled: CompiledStep | None, prompt: str, seed: int):
+    return JacobiEngine(adapter, rule, ChainDrafter(window=window), compiled=compiled).generate(prompt, seed=seed)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("rule", "window"), [(SJD(), 1), (SJD(), 4), (CSD(lam=0.5, delta=0.9), 4)])
+def test_compiled_path_is_token_identical(janus, rule, window):
+    adapter, compiled = janus
+    rejections = 0
+    for seed, prompt in enumerate(PROMPTS[:2]):
+        ref = decode(adapter, rule, window, None, prompt, seed)
+        rejections += ref.stats["drafts_verified"] - ref.stats["drafts_accepted"]
+        gen = decode(adapter, rule, window, compiled, prompt, seed)
+        assert torch.equal(gen.tokens, ref.tokens), prompt
+        assert gen.nfe == ref.nfe
+        assert torch.equal(gen.commit_iter, ref.commit_iter)
+    assert rejections >= 3 or window == 1  # measured: SJD 11, CSD 7 rejections (each rolls the window back)
+
+
+@pytest.mark.slow
+def test_no_recompilation_across_prompts(janus):
+    adapter, compiled = janus
+    for window in (1, 4):  # both step shapes, q = 1 and q = 4, traced on the first prompt
+        decode(adapter, SJD(), window, compiled, PROMPTS[0], 0)
+    cache = compiled.cache
+    with torch.compiler.set_stance("fail_on_recompile"):
+        for prompt in PROMPTS:
+            for window in (1, 4):
+                decode(adapter, SJD(), window, compiled, prompt, 1)
+        with pytest.raises(RuntimeError, match="recompile"):  # the check is live: a third shape would compile
+            decode(adapter, SJD(), 3, compiled, PROMPTS[0], 0)
+    assert compiled.cache is cache  # one fixed cache for every prompt
+
+
+@torch.no_grad()
+def test_rollback_is_exact_and_matches_the_reference():
+    """A rolled-back window overwritten by another gives the first window's logits again, bit for bit; both match the
+    no-cache forward."""
+    adapter = rejecting_janus()
+    window, other = (torch.randint(16, (5,), generator=torch.Generator().manual_seed(s)) for s in (0, 1))
+    image = OneImage(adapter, PROMPTS[0])
+    first = image.forward(window, with_prompt_tail=True)
+    image.rollback(6)
+    image.forward(other, with_prompt_tail=True)  # overwrite the rolled-back entries with different states
+    image.rollback(6)
+    again = image.forward(window, with_prompt_tail=True)
+    assert torch.equal(first, again)
+    torch.testing.assert_close(first, reference_logits(adapter, PROMPTS[0], window), rtol=1e-5, atol=1e-4)
+    image.rollback(3)
+    tail = image.forward(window[2:])
+    torch.testing.assert_close(tail, first[:, 3:], rtol=1e-5, atol=1e-4)
+
+
+def test_bench_latency_smoke(tmp_path):
+    argv = ["--model", "janus_pro_tiny", "--device", "cpu", "--window", "4", "--warmup", "1", "--steps", "2"]
+    argv += ["--verify-reps", "10", "--no-compile", "--no-eager-images", "--out", str(tmp_path)]
+    res = bench_latency.main(argv)
+    saved = json.loads((tmp_path / "janus_pro_tiny_cpu.json").read_text())
+    assert saved["meta"]["window"] == 4 and set(saved["paths"]) == {"eager"}
+    assert saved["paths"]["eager"]["ar"]["nfe"] == 64
+    assert saved["verify"]["csd_overhead_ms"] == pytest.approx(
+        res["verify"]["csd_ms"] - res["verify"]["sjd_ms"]
+    )
+    assert (tmp_path / "janus_pro_tiny_cpu.md").read_text().startswith("## Latency")
+
+
+@pytest.mark.slow
+def test_toy_model_compiled_path_is_token_identical():
+    """The shipped toy model on the compiled path: the eager path's tokens."""
+    from csd.adapters.toy import load_toy_adapter
+    from csd.toy.domain import toy_prompts
+
+    prompt = toy_prompts(1)[0].text
+    adapter = load_toy_adapter()
+    compiled = CompiledStep(adapter, backend="aot_eager")
+    for rule, window in ((SJD(), 1), (CSD(lam=0.5, delta=0.9), 8)):
+        ref = decode(adapter, rule, window, None, prompt, 0)
+        assert torch.equal(decode(adapter, rule, window, compiled, prompt, 0).tokens, ref.tokens)
+
+
+# ------------------------------------------------------------------ batched compiled decoding (RaggedCache)
+
+BATCH_PROMPTS = ["a", "two red circles left of a blue square", "a cat", "a lighthouse on a cliff at sunset, oil painting"]
+
+
+def decode_many(adapter, batch_size: int, reqs: list[Request], compiled: CompiledStep | None, rule, window: int = 5,
+                exercised: list | None = None) -> dict:
+    """key -> (tokens, nfe, stats, commit_iter) of every request; ``exercised`` gets the run's ``DecodeCounts``."""
+    engine = JacobiEngine(adapter, rule, ChainDrafter(window=window), batch_size=batch_size, compiled=compiled)
+    with decode_counts(engine) as counts:
+        out = {req.key: (gen.tokens.tolist(), gen.nfe, gen.stats, gen.commit_iter.tolist())
+               for req, gen in engine.generate_many(reqs)}
+    if exercised is not None:
+        exercised.append(counts)
+    return out
+
+
+def batch_requests(n: int, offset: int = 0) -> list[Request]:
+    return [Request(BATCH_PROMPTS[i % len(BATCH_PROMPTS)], seed=offset + 7 * i, key=i) for i in range(n)]
+
+
+def unique_graphs() -> int:
+    return torch._dynamo.utils.counters["stats"]["unique_graphs"]
+
+
+@pytest.mark.slow
+def test_batched_compiled_engine_two_graphs_no_recompile_same_tokens():
+    """B = 3 on the compiled step: exactly two graphs ([3 * 2, 5] and [3 * 2, 1]) for every prompt, refill and
+    rule, and the tokens / NFE / stats of the batched eager engine and of batch 1."""
+    torch.compiler.reset()
+    adapter = rejecting_janus()
+    compiled = CompiledStep(adapter, backend="aot_eager")
+    before = unique_graphs()
+    decode_many(adapter, 3, batch_requests(3), compiled, SJD(), window=1)  # q = 1
+    decode_many(adapter, 3, batch_requests(3), compiled, SJD())  # q = 5
+    assert unique_graphs() - before == 2
+    assert compiled.cache.rows == 6 and compiled.cache.fixed
+    reqs = batch_requests(7, offset=100)  # more requests than slots: refills, and a partly empty last batch
+    exercised = []
+    with torch.compiler.set_stance("fail_on_recompile"):
+        for rule in (SJD(), CSD(lam=0.5, delta=0.9)):
+            batched = decode_many(adapter, 3, reqs, compiled, rule, exercised=exercised)
+            assert batched == decode_many(adapter, 3, reqs, None, rule)
+            assert batched == decode_many(adapter, 1, reqs, None, rule)
+        with pytest.raises(RuntimeError, match="recompile"):  # the check is live: a third shape would compile
+            decode_many(adapter, 3, reqs[:3], compiled, SJD(), window=3)
+    assert unique_graphs() - before == 2
+    # measured (SJD, CSD): 43, 29 rejections; 23, 7 of a carried draft; 14, 8 iterations with uneven advances
+    for counts in exercised:
+        assert counts.rejections >= 12 and counts.carried_rejections >= 3 and counts.uneven >= 4, counts
+
+
+@pytest.mark.slow
+def test_batched_compiled_engine_one_host_sync_per_iteration(monkeypatch):
+    """As ``tests/engine/test_batched.py``: one read of the committed counts per iteration, plus one per image."""
+    adapter = rejecting_janus()
+    engine = JacobiEngine(adapter, CSD(lam=0.5, delta=0.9), ChainDrafter(window=5), batch_size=3,
+                          compiled=CompiledStep(adapter, backend="aot_eager"))
+    list(engine.generate_many(batch_requests(3)))  # compile outside the count
+    reads, expected = host_reads_per_batched_run(engine, batch_requests(4, offset=50), monkeypatch)
+    assert reads == expected
+
+
+def test_compiled_cache_has_a_fixed_capacity():
+    """The first prompt sizes the compiled path's cache (or engine.max_cache_len does); it never grows, a later prompt
+    that does not fit is refused naming engine.max_cache_len, and the next batch reuses the buffers."""
+    adapter = rejecting_janus()
+    compiled = CompiledStep(adapter, backend="eager")
+    batch = SlotBatch(adapter, 2, compiled)
+    batch.prefill(0, "a cat")
+    cache = batch.cache
+    assert cache.fixed and cache.capacity == 256
+    with pytest.raises(ValueError, match="engine.max_cache_len"):
+        batch.prefill(1, "a long caption " * 20)
+    assert batch.cache is cache and cache.capacity == 256
+    again = SlotBatch(adapter, 2, compiled)
+    again.prefill(1, "a dog")
+    assert again.cache is cache and cache.filled[:2] == [0, 0]  # reused and emptied
+    sized = SlotBatch(adapter, 2, CompiledStep(adapter, max_cache_len=48, backend="eager"))
+    sized.prefill(0, "a cat")
+    assert sized.cache.capacity == 48
+    free = 48 - sized.cache.filled[0]
+    with pytest.raises(ValueError, match="cache overflow.*engine.max_cache_len"):
+        sized.forward(torch.zeros(2, free + 1, dtype=torch.long), [True, True], [True, False])
+
+
+def test_adapters_without_a_compiled_path_are_refused():
+    from tests.helpers import rejecting_lumina
+
+    with pytest.raises(ValueError, match="LuminaAdapter has no compiled path"):
+        CompiledStep(rejecting_lumina(grid=(2, 2)))
+
+
+@pytest.mark.slow
+def test_toy_model_batched_compiled_engine_matches_eager():
+    """The shipped toy model, B = 3 on the compiled step, 4 prompts: the batched eager engine's tokens."""
+    from csd.adapters.toy import load_toy_adapter
+    from csd.toy.domain import toy_prompts
+
+    reqs = [Request(p.text, seed=i, key=i) for i, p in enumerate(toy_prompts(4))]
+    adapter = load_toy_adapter()
+    rule = CSD(lam=0.5, delta=0.9)
+    compiled = CompiledStep(adapter, backend="aot_eager")
+    assert decode_many(adapter, 3, reqs, compiled, rule, window=8) == decode_many(adapter, 3, reqs, None, rule, window=8)
