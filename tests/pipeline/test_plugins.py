@@ -11,8 +11,10 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow  # run.py in subprocesses
 
 MODULE = '''
 """A rule and a drafter of one's own."""
