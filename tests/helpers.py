@@ -327,3 +327,19 @@ def decode_counts(engine: JacobiEngine) -> Iterator[DecodeCounts]:
         del engine.drafter._window
         for name in wrappers:
             delattr(engine, name)
+
+
+def forced_token_run(adapter: ModelAdapter, rule, prompt: str, seeds: int = 3) -> tuple[Any, DecodeCounts]:
+    """Decode ``seeds`` images of a model with forced structural tokens (window 5): every forced position holds its
+    token and every free one an image code; returns the last generation and what the run exercised."""
+    from csd.drafters import ChainDrafter
+    from csd.engine import JacobiEngine
+
+    forced = adapter.layout.forced_ids
+    engine = JacobiEngine(adapter, rule, ChainDrafter(window=5))
+    with decode_counts(engine) as exercised:
+        for seed in range(seeds):
+            out = engine.generate(prompt, seed=seed)
+            assert torch.equal(out.tokens[forced >= 0], forced[forced >= 0])
+            assert torch.isin(out.tokens[forced < 0], adapter.image_token_ids).all()
+    return out, exercised

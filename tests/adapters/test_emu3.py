@@ -15,7 +15,7 @@ from csd.acceptance import CSD, SJD
 from csd.adapters.emu3 import Emu3Adapter, tiny_emu3_adapter
 from csd.drafters import ChainDrafter
 from csd.engine import JacobiEngine
-from tests.helpers import OneImage, decode_counts, random_body, rejecting_emu3
+from tests.helpers import OneImage, forced_token_run, random_body, rejecting_emu3
 
 PROMPT = "a red cube"
 
@@ -92,13 +92,7 @@ def test_batched_cfg_equals_separate_passes(negative):
 @pytest.mark.parametrize("rule", [SJD(), CSD(lam=1.0, delta=1.0), Amplify(factor=10)], ids=["sjd", "csd", "amplify"])
 def test_forced_tokens_land_in_place_and_image_decodes(rule):
     a = rejecting_emu3(grid=(3, 4), jacobi_tail=2)
-    forced = a.layout.forced_ids
-    engine = JacobiEngine(a, rule, ChainDrafter(window=5))
-    with decode_counts(engine) as exercised:
-        for seed in range(3):
-            out = engine.generate(PROMPT, seed=seed)
-            assert torch.equal(out.tokens[forced >= 0], forced[forced >= 0])
-            assert torch.isin(out.tokens[forced < 0], a.image_token_ids).all()
+    out, exercised = forced_token_run(a, rule, PROMPT)
     # rolled back across forced tokens; measured rejections: SJD 18 (11 of a carried draft), Amplify 7, CSD(1, 1) accepts every draft
     assert exercised.rollbacks >= {"sjd": 6, "amplify": 3}.get(rule.name, 0), exercised
     image = a.decode_images(out.tokens.unsqueeze(0))
