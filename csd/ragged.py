@@ -153,7 +153,7 @@ class RaggedCache:
             mask = torch.zeros(visible.shape, dtype=self.dtype, device=self.device)
             mask.masked_fill_(~visible, torch.finfo(self.dtype).min)
         else:  # the same values, read from a table: one gather instead of four kernels per forward
-            mask = self.causal_masks()[positions][:, :, : self._bound]
+            mask = self.causal_masks()[:, : self._bound][positions]
         starts = {self.filled[r] for r in indices}
         same_start = len(starts) == 1 and min(starts) >= 0 and all(advance)
         self._span = slice(min(starts), min(starts) + q) if same_start and tree is None and not self.fixed else None
