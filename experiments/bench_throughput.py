@@ -14,7 +14,7 @@ Models: ``toy`` (the embedded trained model: real acceptance, so real NFE), ``ja
 per-step costs are real, step compression is not). Prompts: the toy held-out captions (image ``i``:
 caption ``i`` mod their number, seed ``i``).
 
-CPU (the README table, ~10 min on 2 cores)::
+CPU (the table in docs/PERFORMANCE.md, ~10 min on 2 cores)::
 
     python -m experiments.bench_throughput --model toy --batch-sizes 1,16 --images 32
 
