@@ -56,8 +56,10 @@ def speed_metrics(records: Sequence[dict[str, Any]], info: Mapping[str, Any] | N
     total = {k: sum(r[k] for r in records) for k in (
         "drafts_proposed", "drafts_verified", "drafts_accepted", "relaxed_accepts", "filter_checks", "filter_passes"
     )}
-    # replacements drawn from a rule's fallback law (records made before the counter have none)
-    total["residual_fallbacks"] = sum(r.get("residual_fallbacks", 0) for r in records)
+    # counters added later: records made before them have none (replacements drawn from a rule's fallback law, the
+    # forwards of a drafter's own model)
+    for key in ("residual_fallbacks", "drafter_forwards"):
+        total[key] = sum(r.get(key, 0) for r in records)
     return {
         **latency_stats([t["latency_s"] for t in timed]),
         "latency_images": len(timed),
