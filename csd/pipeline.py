@@ -119,6 +119,7 @@ def make_record(
         decode_s=None if gen.batched else gen.decode_s,
         vq_decode_s=vq_decode_s,
         latency_s=None if gen.batched else gen.prefill_s + gen.decode_s,
+        drafter_s=None if gen.batched else gen.drafter_s,
         commit_iter=gen.commit_iter.tolist(),
         commit_kind=gen.commit_kind.tolist(),
         entropy=[round(v, 4) for v in gen.entropy.tolist()],
@@ -286,7 +287,8 @@ def latency_probe(cfg: DictConfig, engine: JacobiEngine, prompts: list[Prompt], 
             log.warning("latency probe: %s sample %d decoded at batch 1 differs from its batched record", prompt.prompt_id, sample)
         out.append({
             "prompt_id": prompt.prompt_id, "sample": sample, "seed": seed, "nfe": gen.nfe, "prefill_s": gen.prefill_s,
-            "decode_s": gen.decode_s, "latency_s": gen.prefill_s + gen.decode_s, "tokens_match": match,
+            "decode_s": gen.decode_s, "drafter_s": gen.drafter_s, "latency_s": gen.prefill_s + gen.decode_s,
+            "tokens_match": match,
         })
     log.info("%s: latency probe of %d images at batch 1", run_dir, len(out))
     return out

@@ -78,7 +78,8 @@ class ImageRecord:
     Per body position: ``commit_iter`` (iteration that committed it), ``commit_kind``
     (COMMIT_* above), ``entropy`` (nats of the processed target distribution it was committed under).
     ``prefill_s``, ``decode_s``, ``latency_s`` are per-image (batch-1) times, null when the image was
-    decoded with ``batch_size > 1`` images in flight (run.json then holds the run's throughput).
+    decoded with ``batch_size > 1`` images in flight (run.json then holds the run's throughput); ``drafter_s`` is
+    the part of ``decode_s`` spent in the drafter's propose step (null when batched and in records made before it).
     """
 
     prompt_id: str
@@ -111,6 +112,7 @@ class ImageRecord:
     batch_size: int = 1
     residual_fallbacks: int = 0
     drafter_forwards: int = 0
+    drafter_s: float | None = None
 
     @property
     def key(self) -> tuple[str, int]:

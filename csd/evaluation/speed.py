@@ -45,7 +45,7 @@ def speed_metrics(records: Sequence[dict[str, Any]], info: Mapping[str, Any] | N
     """Latency statistics, throughput, step compression and acceptance counters of one run.
 
     Latency is a batch-1 quantity over :func:`batch1_timings` (``latency_images`` of them; NaN if
-    none); ``throughput_images_per_s`` is run.json's images / decoding wall time of the last generate
+    none), and so is ``drafter_s_mean``, the drafter's share of ``decode_s`` (over the timings that have it); ``throughput_images_per_s`` is run.json's images / decoding wall time of the last generate
     pass (NaN for runs that predate it). ``acceptance_rate`` = accepted / proposed drafts;
     ``relaxed_rate`` = share of the accepted drafts that only the relaxed rule accepted;
     ``filter_pass_rate`` = CSD's TV-filter passes / checks. Rates whose denominator is zero (e.g. AR
@@ -65,6 +65,8 @@ def speed_metrics(records: Sequence[dict[str, Any]], info: Mapping[str, Any] | N
         "latency_images": len(timed),
         "decode_s_mean": _mean([t["decode_s"] for t in timed]),
         "prefill_s_mean": _mean([t["prefill_s"] for t in timed]),
+        # the drafter's share of decode_s (timings made before it have none)
+        "drafter_s_mean": _mean([t["drafter_s"] for t in timed if t.get("drafter_s") is not None]),
         "throughput_images_per_s": float(info.get("throughput_images_per_s", NAN)),
         "vq_decode_s_mean": _mean([r["vq_decode_s"] for r in records]),
         "nfe_mean": _mean([r["nfe"] for r in records]),

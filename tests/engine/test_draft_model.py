@@ -91,6 +91,15 @@ def test_a_draft_model_equal_to_the_target_has_every_draft_accepted(janus):
         assert gen.nfe == 2
 
 
+def test_the_drafter_time_is_part_of_the_decode_time(janus):
+    """drafter_s: the propose steps' time, timed at batch 1 (the draft forwards dominate it), None when batched."""
+    target, _, draft = janus
+    gen = JacobiEngine(target, SJD(), DraftModelDrafter(draft=draft, model="janus_pro_tiny", gamma=3)).generate(PROMPT, 0)
+    assert 0 < gen.drafter_s < gen.decode_s
+    engine = JacobiEngine(target, SJD(), DraftModelDrafter(draft=draft, model="janus_pro_tiny"), batch_size=2)
+    assert all(g.drafter_s is None for _, g in engine.generate_many([Request(PROMPT, 0), Request(PROMPT, 1)]))
+
+
 @pytest.fixture(scope="module")
 def lumina():
     """A tiny Lumina-mGPT target (3x3 codes, an end-of-line token after each row, an AR tail of 2) and a draft model

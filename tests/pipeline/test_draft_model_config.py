@@ -55,5 +55,6 @@ def test_lantern_on_toy_draft_drafts_runs_through_the_cli(tmp_path: Path):
                                        "budget": 0.1}
     assert record["drafter_forwards"] == record["drafts_proposed"] > record["nfe"] > 0
     assert record["relaxed_accepts"] > 0  # LANTERN's relaxation acted on the draft model's drafts
+    assert 0 < record["drafter_s"] < record["decode_s"]
     metrics = json.loads((tmp_path / "metrics.json").read_text())["metrics"]
-    assert metrics["drafter_forwards"] == record["drafter_forwards"]
+    assert metrics["drafter_forwards"] == record["drafter_forwards"] and metrics["drafter_s_mean"] == record["drafter_s"]
