@@ -222,9 +222,10 @@ def run_stages(cfg: DictConfig) -> None:
 
             print(describe_plan(*config_plan(cfg)))
             return
-        from csd.plan import resolve_batch_size
+        if cfg.stage in ("generate", "all", "study"):  # the stages that decode: engine.batch_size=auto -> the plan's
+            from csd.plan import resolve_batch_size
 
-        resolve_batch_size(cfg)
+            resolve_batch_size(cfg)
         if cfg.stage == "status":
             from csd.status import status_table
 

@@ -13,6 +13,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from csd.cli import run_stages
 from csd.config import CONF_DIR, ConfigError, build_adapter, validate
 from csd.plan import GB, MAX_BATCH, model_shape, module_bytes, plan_memory, preset_configs, resolve_batch_size
 from csd.ragged import SlotBatch
@@ -97,3 +98,23 @@ def test_bad_batch_sizes_are_one_line(value, message):
 def test_memory_gb_must_be_positive():
     with pytest.raises(ConfigError, match="engine.memory_gb=0 must be > 0"):
         validate(make_cfg("engine.memory_gb=0"))
+
+
+@pytest.mark.slow
+def test_plan_stage_prints_the_plan(capsys):
+    run_stages(make_cfg("stage=plan", "model=janus_pro_7b", "engine.memory_gb=24", "device=cpu"))
+    printed = capsys.readouterr().out
+    plan = plan_memory(model_shape(OmegaConf.load(CONF_DIR / "model" / "janus_pro_7b.yaml")), 16, False, "cpu")
+    assert f"largest engine.batch_size that fits: {plan.max_batch(24 * GB)}" in printed
+    assert "2 CFG rows x 768 entries x 30 layers x 32 KV heads x 128 head dim x 2 x 2 B" in printed
+
+
+def test_an_auto_batch_that_fits_nothing_ends_the_run_in_one_line(capsys, tmp_path):
+    cfg = make_cfg("stage=generate", "model=janus_pro_7b", "engine.batch_size=auto", "engine.memory_gb=8", "device=cpu",
+                   f"run_dir={tmp_path / 'run'}")
+    with pytest.raises(SystemExit) as exit_:
+        run_stages(cfg)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and len(err.strip().splitlines()) == 1
+    assert err.startswith("error: engine.batch_size=auto: model=janus_pro_7b needs")
+    assert not (tmp_path / "run").exists()  # before the run directory or the model
