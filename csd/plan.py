@@ -31,8 +31,9 @@ from csd.ragged import default_cache_len
 GB = 1e9
 #: the device sizes of the planner's table (GB): 24 GB consumer cards, A100 40 / 80 GB, H200 141 GB
 TABLE_GB = (24, 40, 80, 141)
-#: synthetic prompt length planned for the real models (tokens; the latency benchmark's default)
-REAL_PROMPT_LEN = 64
+#: prompt length planned for every model but the toy (whose prompts have one length): tokens, the latency benchmark's
+#: synthetic prompt; the cache length rounds prompt + body + 64 up to a multiple of 256, so nearby lengths plan the same
+PROMPT_LEN = 64
 #: fp32 ``[window, image vocab]`` tensors alive per slot during an iteration: target q, its log, the race noise,
 #: the carried draft laws, the residual, the acceptance inputs (csd.verify, csd.drafters.chain)
 FP32_COPIES = 6
@@ -120,15 +121,14 @@ def janus_config(model: DictConfig) -> tuple[Any, str]:
     return real_janus_config(model.name), "REAL_SHAPES (hub config.json)"
 
 
-def janus_shape(model: DictConfig, dtype: torch.dtype) -> dict[str, Any]:
+def janus_shape(model: DictConfig) -> dict[str, Any]:
     from transformers import JanusForConditionalGeneration
 
     config, source = janus_config(model)
     side = int(round(config.vision_config.num_image_tokens ** 0.5))
-    prompt = REAL_PROMPT_LEN if model.name in REAL_SHAPES else len("<|User|>: a photo of a cat\n\n<|Assistant|>:") + 2
     return dict(model=on_meta(JanusForConditionalGeneration, config), text=config.text_config, source=source,
                 logit_columns=config.vq_config.num_embeddings, image_vocab=config.vq_config.num_embeddings,
-                body_len=side * side, prompt_len=prompt)
+                body_len=side * side, prompt_len=PROMPT_LEN)
 
 
 def real_text_config(name: str) -> dict[str, int]:
@@ -137,7 +137,7 @@ def real_text_config(name: str) -> dict[str, int]:
                 num_hidden_layers=s["layers"], num_attention_heads=s["heads"], num_key_value_heads=s["kv_heads"])
 
 
-def lumina_shape(model: DictConfig, dtype: torch.dtype) -> dict[str, Any]:
+def lumina_shape(model: DictConfig) -> dict[str, Any]:
     from transformers import ChameleonConfig, ChameleonForConditionalGeneration
 
     from csd.adapters.lumina import tiny_lumina_config, tiny_vqgan_config
@@ -145,33 +145,33 @@ def lumina_shape(model: DictConfig, dtype: torch.dtype) -> dict[str, Any]:
 
     if model.name == "lumina_mgpt_tiny":
         config, _ = tiny_lumina_config(model.codes, model.seed)
-        vqgan, (rows, cols), source, prompt = tiny_vqgan_config(model.codes), tuple(model.grid), "tiny config", 16
+        vqgan, (rows, cols), source = tiny_vqgan_config(model.codes), tuple(model.grid), "tiny config"
     else:  # the image vocabulary map only names the image token here: no tokenizer offline
         config = ChameleonConfig(**real_text_config("lumina_mgpt_7b"), vocabulary_map={"<image>": 8711})
-        vqgan, source, prompt = VQGANConfig(), "REAL_SHAPES (hub config.json)", REAL_PROMPT_LEN
+        vqgan, source = VQGANConfig(), "REAL_SHAPES (hub config.json)"
         rows = cols = model.resolution // vqgan.downsample
     lm = on_meta(ChameleonForConditionalGeneration, config)
     decoder = on_meta(VQGANDecoder, vqgan)
     return dict(model=lm, extra_bytes=module_bytes(decoder, torch.float32), text=config, source=source, logit_columns=config.vocab_size, image_vocab=vqgan.n_embed,
-                body_len=3 + rows * (cols + 1) + 1, prompt_len=prompt)
+                body_len=3 + rows * (cols + 1) + 1, prompt_len=PROMPT_LEN)
 
 
-def emu3_shape(model: DictConfig, dtype: torch.dtype) -> dict[str, Any]:
+def emu3_shape(model: DictConfig) -> dict[str, Any]:
     from transformers import Emu3Config, Emu3ForConditionalGeneration
 
     from csd.adapters.emu3 import tiny_emu3_config
 
     if model.name == "emu3_tiny":
-        config, (rows, cols), source, prompt = tiny_emu3_config(model.codes, model.seed), tuple(model.grid), "tiny config", 24
+        config, (rows, cols), source = tiny_emu3_config(model.codes, model.seed), tuple(model.grid), "tiny config"
     else:  # only the end-of-line name is read at construction
         config = Emu3Config(text_config=real_text_config("emu3_gen"), vocabulary_map={"<|extra_200|>": 151846})
-        (rows, cols), source, prompt = EMU3_GRID, "REAL_SHAPES (hub config.json)", REAL_PROMPT_LEN
+        (rows, cols), source = EMU3_GRID, "REAL_SHAPES (hub config.json)"
     return dict(model=on_meta(Emu3ForConditionalGeneration, config), text=config.text_config, source=source,
                 logit_columns=config.text_config.vocab_size, image_vocab=config.vq_config.codebook_size,
-                body_len=rows * (cols + 1) + 2, prompt_len=prompt)
+                body_len=rows * (cols + 1) + 2, prompt_len=PROMPT_LEN)
 
 
-def toy_shape(model: DictConfig, dtype: torch.dtype) -> dict[str, Any]:
+def toy_shape(model: DictConfig) -> dict[str, Any]:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from csd.toy import LM_DIR
@@ -200,7 +200,7 @@ def model_shape(model: DictConfig) -> ModelShape:
     if family is None:
         raise ValueError(f"model={model.name}: the memory planner knows no shapes for {model._target_}")
     dtype = resolve_dtype(model.dtype)
-    parts = family(model, dtype)
+    parts = family(model)
     weights = module_bytes(parts["model"], dtype) + parts.get("extra_bytes", 0)  # Lumina's VQGAN decoder runs in fp32
     return ModelShape(
         name=model.name, weight_bytes=weights, **decoder_dims(parts["text"]), logit_columns=parts["logit_columns"],
