@@ -12,7 +12,7 @@ on the compiled path (inductor, CUDA graphs) and the eager one:
 * ``memory``: the peak of ``torch.cuda.max_memory_allocated`` during the throughput part vs the memory plan
   (``csd.plan``) at the largest B;
 * ``overhead``: CSD's cost over SJD per iteration: ``verify_window`` on the same ``[L, V]`` tensors
-  (``bench_latency.verify_times``), and the difference of their ms per iteration in ``images``.
+  (``bench_latency.verify_times``); ``images`` also reports the difference of their ms per iteration.
 
 Random weights give a near-uniform target, so Jacobi acceptance, NFE and step compression mean nothing here: the SJD
 and CSD image latencies are ms per iteration x the iterations random weights happen to need; judge them by ms per
@@ -53,7 +53,8 @@ from experiments import bench_latency, bench_throughput
 
 #: NVIDIA H200 HBM3e memory bandwidth, bytes/s (NVIDIA H200 Tensor Core GPU datasheet: 4.8 TB/s)
 H200_BANDWIDTH = 4.8e12
-PARTS = ("floor", "steps", "agreement", "images", "throughput", "memory", "overhead")
+#: in the order they run: the cheap ones first, throughput (a compilation per batch size) last but the memory it feeds
+PARTS = ("floor", "steps", "overhead", "images", "agreement", "throughput", "memory")
 
 
 @dataclass(frozen=True)
@@ -139,8 +140,10 @@ def images(check: Check) -> dict[str, Any]:
     window = check.setup.window
     rules = {"ar": (SJD(), 1), "sjd": (SJD(), window), "csd": (CSD(lam=0.1, delta=0.5), window)}
     # no warm-up image: the steps part has captured both shapes on this cache length
-    return {name: bench_latency.engine_times(check.adapter, check.compiled, rule, w, check.prompt, 1, 0)
-            for name, (rule, w) in rules.items()}
+    out = {name: bench_latency.engine_times(check.adapter, check.compiled, rule, w, check.prompt, 1, 0)
+           for name, (rule, w) in rules.items()}
+    out["csd_minus_sjd_ms_per_iteration"] = out["csd"]["ms_per_iteration"] - out["sjd"]["ms_per_iteration"]
+    return out
 
 
 def throughput(check: Check) -> dict[str, Any]:
@@ -175,11 +178,7 @@ def overhead(check: Check) -> dict[str, Any]:
     s = check.setup
     rules = {"sjd": SJD(), "csd": CSD(lam=0.1, delta=0.5)}
     ver = bench_latency.verify_times(check.adapter.vocab_size, s.window, check.device, s.verify_reps, rules)
-    out = {"verify_sjd_ms": ver["sjd"], "verify_csd_ms": ver["csd"], "csd_overhead_ms": ver["csd"] - ver["sjd"]}
-    if check.results.get("images", {}).get("ok"):
-        per_iteration = check.results["images"]["result"]
-        out["iteration_difference_ms"] = per_iteration["csd"]["ms_per_iteration"] - per_iteration["sjd"]["ms_per_iteration"]
-    return out
+    return {"verify_sjd_ms": ver["sjd"], "verify_csd_ms": ver["csd"], "csd_overhead_ms": ver["csd"] - ver["sjd"]}
 
 
 RUNNERS: dict[str, Callable[[Check], dict[str, Any]]] = {
@@ -249,8 +248,9 @@ def part_summary(name: str, result: dict[str, Any]) -> str:
         return "; ".join(f"{m}: {r['equal_share']:.3f} of tokens equal, NFE {r['nfe_eager']} / {r['nfe_compiled']}"
                          for m, r in result.items())
     if name == "images":
-        return "; ".join(f"{m}: {r['ms_per_iteration']:.2f} ms/iteration, NFE {r['nfe']:.0f}, {r['latency_s']:.2f} s"
-                         for m, r in result.items())
+        return "; ".join([f"{m}: {r['ms_per_iteration']:.2f} ms/iteration, NFE {r['nfe']:.0f}, {r['latency_s']:.2f} s"
+                          for m, r in result.items() if isinstance(r, dict)]
+                         + [f"CSD - SJD: {result['csd_minus_sjd_ms_per_iteration']:.2f} ms/iteration"])
     if name == "throughput":
         return "; ".join(f"B = {b}: {r['images_per_s']:.2f} images/s" for b, r in result["batches"].items())
     return ", ".join(f"{k}: {fmt(v)}" for k, v in result.items())
