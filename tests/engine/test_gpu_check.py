@@ -3,6 +3,7 @@ lands in the results files next to the targets, and a failing part is recorded w
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -44,3 +45,11 @@ def test_unknown_parts_are_one_line(capsys):
     with pytest.raises(SystemExit):
         gpu_check.parse_args(["--parts", "floor,warp"])
     assert "--parts: unknown ['warp']" in capsys.readouterr().err
+
+
+def test_parts_past_the_time_budget_are_skipped_and_say_so(tmp_path, monkeypatch):
+    monkeypatch.setattr(gpu_check, "SMOKE", dataclasses.replace(gpu_check.SMOKE, budget_s=0.0))
+    parts = gpu_check.main(["--smoke", "--parts", "floor,overhead", "--out", str(tmp_path)])["parts"]
+    assert parts["model"]["ok"]
+    for name in ("floor", "overhead"):
+        assert not parts[name]["ok"] and parts[name]["error"].startswith("skipped: "), parts[name]
