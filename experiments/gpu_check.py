@@ -122,6 +122,8 @@ def steps(check: Check) -> dict[str, Any]:
         out[path] = bench_latency.step_times(check.adapter, compiled, check.prompt, s.window, s.warmup, s.steps)
     q1, ql = (out["compiled"][f"q{q}"]["median_ms"] for q in (1, s.window))
     out["compiled_verify_over_step"] = ql / q1
+    if check.results.get("floor", {}).get("ok"):  # how far the compiled step is from the bandwidth floor
+        out["compiled_step_over_floor"] = q1 / check.results["floor"]["result"]["floor_ms"]
     return out
 
 
@@ -241,9 +243,11 @@ def fmt(value: Any) -> str:
 def part_summary(name: str, result: dict[str, Any]) -> str:
     """One cell: a part's main numbers (per path, method or batch size for the nested ones)."""
     if name == "steps":
-        return "; ".join(f"{path}: q = 1 {r['q1']['median_ms']:.2f} ms, q = L "
-                         f"{next(v['median_ms'] for k, v in r.items() if k.startswith('q') and k != 'q1'):.2f} ms, "
-                         f"first calls {r['q1']['first_call_s']:.1f} s" for path, r in result.items() if isinstance(r, dict))
+        paths = [f"{path}: q = 1 {r['q1']['median_ms']:.2f} ms, q = L "
+                 f"{next(v['median_ms'] for k, v in r.items() if k.startswith('q') and k != 'q1'):.2f} ms, "
+                 f"first calls {r['q1']['first_call_s']:.1f} s" for path, r in result.items() if isinstance(r, dict)]
+        ratios = [f"{k}: {result[k]:.2f}" for k in ("compiled_verify_over_step", "compiled_step_over_floor") if k in result]
+        return "; ".join(paths + ratios)
     if name == "agreement":
         return "; ".join(f"{m}: {r['equal_share']:.3f} of tokens equal, NFE {r['nfe_eager']} / {r['nfe_compiled']}"
                          for m, r in result.items())
