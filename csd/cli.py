@@ -217,6 +217,15 @@ def run_stages(cfg: DictConfig) -> None:
         check_dirs(cfg.stage, cfg.run_dir, cfg.sweep_dir)
         check_inputs(cfg, job_overrides())
         run_dir = Path(cfg.run_dir)
+        if cfg.stage == "plan":
+            from csd.plan import config_plan, describe_plan
+
+            print(describe_plan(*config_plan(cfg)))
+            return
+        if cfg.stage in ("generate", "all", "study"):  # the stages that decode: engine.batch_size=auto -> the plan's
+            from csd.plan import resolve_batch_size
+
+            resolve_batch_size(cfg)
         if cfg.stage == "status":
             from csd.status import status_table
 

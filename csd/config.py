@@ -39,6 +39,7 @@ from csd.schema import (
     Group,
     Int,
     IntList,
+    IntOrWord,
     MapOf,
     Scalars,
     Spec,
@@ -50,7 +51,7 @@ from csd.schema import (
 
 log = logging.getLogger(__name__)
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
-STAGES = ("generate", "evaluate", "report", "status", "study", "all")
+STAGES = ("generate", "evaluate", "report", "status", "study", "plan", "all")
 #: the drafting keys that moved from the method to the drafter group (deprecated under ``method.``): old -> new name
 MOVED_TO_DRAFTER = {"window": "window", "init": "init", "coupling": "coupling", "draft_record": "draft_record",
                     "tree_width": "width", "tree_depth": "depth", "pac_code_parity": "code_parity"}
@@ -182,7 +183,8 @@ SCHEMA: dict[str, Spec | ByTarget] = {
     "engine.max_cache_len": Int(min=1, null="for prompt + body + 64"),
     "engine.progress": Bool(),
     "engine.warmup": Int(min=0),
-    "engine.batch_size": Int(min=1),
+    "engine.batch_size": IntOrWord(min=1, word="auto"),
+    "engine.memory_gb": Float(gt=0, null="for the free memory of the device (CPU: the available RAM)"),
     "engine.latency_probe": Int(min=0),
     # conf/eval/*.yaml
     "eval.metrics": StrList(names=metric_names, what="metric", null="for the model's own list"),
@@ -457,8 +459,9 @@ def _cross_checks(cfg: DictConfig) -> None:
            "token per forward, no drafts) but would be labelled and reported as another method: use method=ar, or "
            "drafter.window >= 2")
     _check(d.shard < d.num_shards, f"dataset.shard={d.shard} must be < dataset.num_shards={d.num_shards}")
-    problem = drafter.problem(cfg.engine.batch_size, cfg.engine.compile)
-    _check(problem is None, str(problem))
+    auto = cfg.engine.batch_size == "auto"  # the plan may choose any batch: the drafter must take B > 1
+    problem = drafter.problem(2 if auto else cfg.engine.batch_size, cfg.engine.compile)
+    _check(problem is None, f"engine.batch_size=auto may choose a batch > 1, but {problem}" if auto else str(problem))
     _check_draft_model(cfg)
     _check(not cfg.engine.compile or adapter_class(cfg.model).compilable,
            f"engine.compile=true: model={cfg.model.name} has no compiled path; use engine.compile=false")

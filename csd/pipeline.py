@@ -31,6 +31,7 @@ from csd.config import (
 from csd.device import synchronize
 from csd.drafters import ChainDrafter
 from csd.engine import Generation, JacobiEngine, Request
+from csd.plan import resolve_batch_size
 from csd.prompts import Prompt
 from csd.records import ImageRecord, RecordWriter, image_name, load_records, records_file, shard_suffix
 from csd.rundir import check_fingerprint, check_shards, generate_lock, shard_of
@@ -143,6 +144,7 @@ def generate_run(cfg: DictConfig) -> Path:
     into the shard's own records file.
     """
     validate(cfg)
+    resolve_batch_size(cfg)
     prompts = load_prompts(cfg.dataset)
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
