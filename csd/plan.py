@@ -179,13 +179,15 @@ def toy_shape(model: DictConfig) -> dict[str, Any]:
     from csd.toy.vocab import PROMPT_LEN
 
     config = LlamaConfig.from_dict(json.loads((LM_DIR / "config.json").read_text()))
+    if "layers" in model:  # model=toy_draft: the toy's first layers (csd.adapters.toy.load_toy_draft_adapter)
+        config.num_hidden_layers = model.layers
     return dict(model=on_meta(LlamaForCausalLM, config), text=config, source=f"{LM_DIR.name}/config.json",
                 logit_columns=config.vocab_size, image_vocab=GRID * GRID, body_len=GRID * GRID, prompt_len=PROMPT_LEN)
 
 
 #: the loader function named by a model config's ``_target_`` -> how its shape is read
 FAMILIES = {
-    "load_toy_adapter": toy_shape,
+    "load_toy_adapter": toy_shape, "load_toy_draft_adapter": toy_shape,
     "tiny_janus_adapter": janus_shape, "load_janus_adapter": janus_shape,
     "tiny_lumina_adapter": lumina_shape, "load_lumina_adapter": lumina_shape,
     "tiny_emu3_adapter": emu3_shape, "load_emu3_adapter": emu3_shape,

@@ -28,7 +28,7 @@ def cache_bytes(batch: SlotBatch) -> int:
 
 
 @pytest.mark.parametrize("name", [pytest.param("toy", marks=pytest.mark.slow), "janus_pro_tiny", "lumina_mgpt_tiny",
-                                  "emu3_tiny"])
+                                  "emu3_tiny", pytest.param("toy_draft", marks=pytest.mark.slow)])
 def test_plan_matches_the_measured_weights_and_kv_cache(name):
     model = OmegaConf.load(CONF_DIR / "model" / f"{name}.yaml")
     plan = plan_memory(model_shape(model), window=16, compiled=False, device_type="cpu")
