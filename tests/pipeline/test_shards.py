@@ -31,7 +31,7 @@ from tests.pipeline.test_rundir import dead_pid, no_model_load, tiny_cfg
 RUN = ["model=janus_pro_tiny", "dataset=smoke", "dataset.n_prompts=6", "dataset.samples_per_prompt=2", "method=csd",
        "engine.progress=false", "engine.warmup=0", "logger=disabled", "eval.metrics=[speed,content]"]
 #: record fields that are timings (differ between any two runs)
-TIMINGS = ("prefill_s", "decode_s", "vq_decode_s", "latency_s")
+TIMINGS = ("prefill_s", "decode_s", "drafter_s", "vq_decode_s", "latency_s")
 
 
 def cli(*args: str) -> subprocess.Popen:
