@@ -62,7 +62,9 @@ class BodyIds:
 class Proposal:
     """Every slot's window of one iteration, padded to one shape: ``ids [B, fed]`` (column 0 the anchor; an empty
     slot's row is any token), ``from_prompt [B]`` (the anchor is the prompt's last token), ``active [B]``, ``rows``
-    target rows to read, ``tree`` (tree windows: the attention structure) and the drafter's own per-slot data."""
+    target rows to read, ``tree`` (tree windows: the attention structure) and the drafter's own per-slot data.
+    ``features``: the target's last hidden states of the window ``[B, cfg rows, fed, D]``, which the engine fills in
+    after the forward for a drafter that reads them (:attr:`Drafter.reads_features`), else None."""
 
     ids: torch.Tensor
     from_prompt: list[bool]
@@ -70,6 +72,7 @@ class Proposal:
     rows: int
     tree: TreeMask | None
     windows: list[Any]
+    features: torch.Tensor | None = None
 
     @property
     def fed(self) -> int:
@@ -100,6 +103,8 @@ class Drafter(Parametrized, ABC):
 
     name: str
     group = "drafter"
+    #: the engine hands the target's hidden states of each window to :meth:`refresh` (``Proposal.features``)
+    reads_features = False
     PARAMS = {
         "window": Param(Int(min=1), 16, "L: the last committed token + L - 1 drafts (1 = AR)"),
         "init": Param(Choice(options=INIT_SCHEMES), "random", "fresh drafts: random codes, or copies of the left neighbour"),
