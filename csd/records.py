@@ -73,6 +73,8 @@ class ImageRecord:
     the same uniform. ``filter_checks`` / ``filter_passes``: CSD's TV filter on verified drafts.
     ``residual_fallbacks``: replacements drawn from the rule's fallback law because its residual had no
     mass (LANTERN's ``code_parity``: uniform over the codes; 0 in records made before the counter).
+    ``drafter_forwards``: forwards of a drafting network (the EAGLE head), 0 for drafters without one and in records
+    made before the counter.
     Per body position: ``commit_iter`` (iteration that committed it), ``commit_kind``
     (COMMIT_* above), ``entropy`` (nats of the processed target distribution it was committed under).
     ``prefill_s``, ``decode_s``, ``latency_s`` are per-image (batch-1) times, null when the image was
@@ -108,6 +110,7 @@ class ImageRecord:
     meta: dict[str, Any]
     batch_size: int = 1
     residual_fallbacks: int = 0
+    drafter_forwards: int = 0
 
     @property
     def key(self) -> tuple[str, int]:

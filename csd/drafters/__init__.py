@@ -1,7 +1,7 @@
 """Drafters: the second plug-in axis of the engine, next to the acceptance rule (``csd.drafters.base``).
 
 ``chain``: the Jacobi window of SJD and its variants (init, coupling, recorded law); ``pac_tree``: SJD-PAC's tree
-windows. Any rule runs with any drafter.
+windows; ``eagle``: a chain of drafts from a trained EAGLE head. Any rule runs with any drafter.
 """
 
 from csd.drafters.base import (
@@ -15,10 +15,11 @@ from csd.drafters.base import (
            Verified,
 )
 from csd.drafters.chain import ChainDrafter
+from csd.drafters.eagle import EagleDrafter
 from csd.drafters.pac_tree import PacTreeDrafter
 
 #: drafter name -> class (``conf/drafter/<name>.yaml``)
-DRAFTERS: dict[str, type[Drafter]] = {"chain": ChainDrafter, "pac_tree": PacTreeDrafter}
+DRAFTERS: dict[str, type[Drafter]] = {"chain": ChainDrafter, "pac_tree": PacTreeDrafter, "eagle": EagleDrafter}
 
-__all__ = ["COUPLINGS", "DRAFTERS", "DRAFT_RECORDS", "INIT_SCHEMES", "STAT_KEYS", "BodyIds", "ChainDrafter", "Drafter",
+__all__ = ["COUPLINGS", "DRAFTERS", "DRAFT_RECORDS", "INIT_SCHEMES", "STAT_KEYS", "BodyIds", "ChainDrafter", "Drafter", "EagleDrafter",
            "PacTreeDrafter", "Proposal", "Verified"]

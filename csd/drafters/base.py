@@ -38,7 +38,7 @@ COUPLINGS = ("none", "maximal", "gumbel")
 DRAFT_RECORDS = ("onehot", "uniform")
 #: per-image counters every drafter reports, in this order (records, docs/ALGORITHMS.md "What is recorded")
 STAT_KEYS = ("drafts_proposed", "drafts_verified", "drafts_accepted", "relaxed_accepts", "filter_checks", "filter_passes",
-             "residual_fallbacks")
+             "residual_fallbacks", "drafter_forwards")
 
 
 class BodyIds:
@@ -181,13 +181,18 @@ class Drafter(Parametrized, ABC):
             return torch.full((fresh.numel(), self.vocab), 1.0 / self.vocab, device=self.device)
         return F.one_hot(fresh, self.vocab).float()
 
+    def anchor(self, slot: Slot) -> torch.Tensor:
+        """The window's anchor id ``[1]``: the last committed token (the adapter puts the prompt's last token there
+        when nothing is committed yet)."""
+        n = slot.n
+        return self.body(slot.body[n - 1 : n], n - 1) if n else self.body.image_ids[:1]
+
     def spine(self, slot: Slot, carried: torch.Tensor, carried_probs: torch.Tensor,
               n_drafts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """SJD step 1 for a chain of ``n_drafts`` drafts: the carried drafts topped up with fresh ones. Returns the
         drafts, their recorded laws and the anchor's id (the last committed token; the adapter puts the prompt's
         last token there when nothing is committed yet)."""
-        n = slot.n
-        anchor = self.body(slot.body[n - 1 : n], n - 1) if n else self.body.image_ids[:1]
+        n, anchor = slot.n, self.anchor(slot)
         keep = min(carried.numel(), n_drafts)
         if keep == n_drafts:  # no fresh draft (an AR step, or enough carried ones): no random number is drawn
             return carried[:keep], carried_probs[:keep], anchor

@@ -134,4 +134,4 @@ class ChainDrafter(Drafter):
         checks = verified if result.filter_pass is not None else zero
         passes = result.filter_pass.sum(-1) if result.filter_pass is not None else zero
         return torch.stack([proposed, verified, result.accepted.sum(-1), result.relaxed.sum(-1), checks, passes,
-                            result.fallback.long()], dim=-1)
+                            result.fallback.long(), zero], dim=-1)

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from csd.acceptance import AcceptanceRule, lossless_residual
 from csd.adapters.base import ModelAdapter
 from csd.device import to_device
-from csd.drafters.base import COUPLINGS, DRAFT_RECORDS, BodyIds, Drafter, Proposal, Verified
+from csd.drafters.base import COUPLINGS, DRAFT_RECORDS, STAT_KEYS, BodyIds, Drafter, Proposal, Verified
 from csd.params import Param
 from csd.records import COMMIT_ACCEPTED, COMMIT_RELAXED, COMMIT_SAMPLED
 from csd.schema import Bool, Choice, Int
@@ -193,9 +193,9 @@ class PacTreeDrafter(Drafter):
         accepted = to_device(path[1:], device)
         tokens = torch.cat([w.tokens[accepted], final.view(1)])
         kinds = to_device([COMMIT_RELAXED if flags[1][v] else COMMIT_ACCEPTED for v in path[1:]] + [COMMIT_SAMPLED], device)
-        stats = to_device(self._stats(slot.n, tree, path, flags, verdict.filter_pass is not None) + [0], device)
+        stats = to_device(self._stats(slot.n, tree, path, flags, verdict.filter_pass is not None) + [0, 0], device)
         if rejected_all:  # the final residual's fallback flag stays on the device (no extra host sync)
-            stats[-1] = verdict.final_fallback[w.grid_of[last]]
+            stats[STAT_KEYS.index("residual_fallbacks")] = verdict.final_fallback[w.grid_of[last]]
         entropies = target_entropy[to_device(path, device)]
         outcome = TreeOutcome(w, samples, verdict, flags[0], last)
         return Verified([len(path)], tokens[None], kinds[None], entropies[None], stats[None], [path], outcome)
