@@ -26,7 +26,7 @@ eager.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -366,6 +366,20 @@ def reference_logits(adapter: ModelAdapter, prompt: str, ids: torch.Tensor) -> t
     A row with an empty prompt sees only the body (positions from 0); the prediction of its first token, which has
     no context, is the first row's, as :meth:`SlotBatch.forward` defines it.
     """
+    return _full_forward(adapter, adapter.decode_step, prompt, ids)
+
+
+@torch.no_grad()
+def reference_features(adapter: ModelAdapter, prompt: str, ids: torch.Tensor) -> torch.Tensor:
+    """The decoder's last hidden states ``[rows, K + 1, D]`` the logits of :func:`reference_logits` are computed from
+    (``adapter.features_step``; the oracle of ``SlotBatch.forward(features=True)``, and the EAGLE head's training
+    features)."""
+    return _full_forward(adapter, adapter.features_step, prompt, ids)
+
+
+def _full_forward(adapter: ModelAdapter, step: Callable[..., torch.Tensor], prompt: str, ids: torch.Tensor) -> torch.Tensor:
+    """``step`` (the adapter's decode or features step) over each CFG row's prompt + ``ids``, the last ``K + 1``
+    columns (an empty row's first column is the first row's)."""
     prompt_rows = list(adapter.prompt_inputs(prompt))
     body = adapter.body_inputs(ids.to(adapter.device).view(1, -1))[0]
     out = []
@@ -373,8 +387,8 @@ def reference_logits(adapter: ModelAdapter, prompt: str, ids: torch.Tensor) -> t
         sequence = torch.cat([row, body]).unsqueeze(0)
         n = sequence.shape[1]
         if n:
-            logits = adapter.decode_step(sequence, None, torch.arange(n, device=adapter.device)[None], None)[0]
+            values = step(sequence, None, torch.arange(n, device=adapter.device)[None], None)[0]
         if row.shape[0] == 0:  # no prompt: the first prediction is the first row's, then the body's own
-            logits = torch.cat([out[0][:1], logits]) if n else out[0][:1]
-        out.append(logits[-(ids.numel() + 1):])
+            values = torch.cat([out[0][:1], values]) if n else out[0][:1]
+        out.append(values[-(ids.numel() + 1):])
     return torch.stack(out)

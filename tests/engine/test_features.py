@@ -7,28 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from csd.adapters.base import ModelAdapter
 from csd.adapters.toy import load_toy_adapter
-from csd.ragged import reference_logits
+from csd.ragged import reference_features, reference_logits
 from tests.helpers import prefilled_batch, rejecting_emu3, rejecting_janus, rejecting_lumina
 
 PROMPTS = ("two red circles", "a blue square")
-
-
-@torch.no_grad()
-def reference_features(adapter: ModelAdapter, prompt: str, ids: torch.Tensor) -> torch.Tensor:
-    """``[rows, K + 1, D]``: the decoder's last hidden states after ``prompt`` of body ids ``ids [K]``, one
-    full-sequence forward per CFG row (the pattern of ``csd.ragged.reference_logits``; an empty row's first column
-    is the first row's)."""
-    body = adapter.body_inputs(ids.view(1, -1))[0]
-    out = []
-    for row in adapter.prompt_inputs(prompt):
-        sequence = torch.cat([row, body]).unsqueeze(0)
-        hidden = adapter.features_step(sequence, None, torch.arange(sequence.shape[1])[None], None)[0]
-        if row.shape[0] == 0:
-            hidden = torch.cat([out[0][:1], hidden])
-        out.append(hidden[-(ids.numel() + 1):])
-    return torch.stack(out)
 
 
 @pytest.mark.parametrize("make", [rejecting_janus, rejecting_lumina, rejecting_emu3, load_toy_adapter],
