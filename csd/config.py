@@ -453,7 +453,8 @@ def _cross_checks(cfg: DictConfig) -> None:
            "token per forward, no drafts) but would be labelled and reported as another method: use method=ar, or "
            "drafter.window >= 2")
     _check(d.shard < d.num_shards, f"dataset.shard={d.shard} must be < dataset.num_shards={d.num_shards}")
-    problem = build_drafter(cfg.drafter).problem(cfg.engine.batch_size, cfg.engine.compile)
+    drafter = build_drafter(cfg.drafter)
+    problem = drafter.problem(cfg.engine.batch_size, cfg.engine.compile) or drafter.model_problem(adapter_class(cfg.model))
     _check(problem is None, str(problem))
     _check(not cfg.engine.compile or adapter_class(cfg.model).compilable,
            f"engine.compile=true: model={cfg.model.name} has no compiled path; use engine.compile=false")

@@ -160,10 +160,11 @@ class ModelAdapter(ABC):
         """Input embeddings ``[N, K, D]`` of body token ids ``[N, K]`` (what the decoder's first layer reads)."""
         raise NotImplementedError(f"{type(self).__name__} exposes no input embeddings")
 
-    @property
-    def exposes_features(self) -> bool:
-        """Whether :meth:`features_step`, :meth:`head` and :meth:`embed` are implemented."""
-        return type(self).features_step is not ModelAdapter.features_step
+    @classmethod
+    def exposes_features(cls) -> bool:
+        """Whether :meth:`features_step`, :meth:`head` and :meth:`embed` are implemented (known before any weight
+        loads)."""
+        return cls.features_step is not ModelAdapter.features_step
 
     def token_embeddings(self) -> torch.Tensor:
         """``[vocab_size, D]`` input embeddings of the image codes (GSD's embedding threshold)."""

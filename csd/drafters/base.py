@@ -131,6 +131,11 @@ class Drafter(Parametrized, ABC):
         """Why this drafter cannot decode ``batch_size`` images at once (compiled or not), in one line; None if it can."""
         return None
 
+    def model_problem(self, adapter_class: type[ModelAdapter]) -> str | None:
+        """Why this drafter cannot draft for the models of ``adapter_class``, in one line (checked with the config,
+        before any weight loads); None if it can."""
+        return None
+
     def bind(self, adapter: ModelAdapter, body: BodyIds, pad: bool) -> None:
         """Attach to the adapter the engine decodes with; ``pad``: every multi-token window is padded to ``window``
         rows (the compiled path's two step shapes)."""

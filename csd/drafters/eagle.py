@@ -140,16 +140,20 @@ class EagleDrafter(ChainDrafter):
     def problem(self, batch_size: int, compiled: bool) -> str | None:
         return "drafter=eagle decodes on the eager cache: set engine.compile=false" if compiled else None
 
+    def model_problem(self, adapter_class: type[ModelAdapter]) -> str | None:
+        if not adapter_class.exposes_features():
+            return (f"drafter=eagle reads the target's hidden states, which {adapter_class.__name__} does not expose "
+                    "(features_step / head / embed)")
+        if self.head is None and adapter_class.eagle_head is None:
+            return f"drafter.head=null: {adapter_class.__name__} ships no EAGLE head; {TRAIN_HINT} and pass drafter.head=<file>"
+        return None
+
     def bind(self, adapter: ModelAdapter, body: BodyIds, pad: bool) -> None:
         super().bind(adapter, body, pad)
-        if not adapter.exposes_features:
-            raise ValueError(f"drafter=eagle reads the target's hidden states, which {type(adapter).__name__} does not "
-                             "expose (features_step / head / embed)")
-        path = self.head if self.head is not None else adapter.eagle_head
-        if path is None:
-            raise ValueError(f"drafter.head=null: {type(adapter).__name__} ships no EAGLE head; {TRAIN_HINT} and pass "
-                             "drafter.head=<file>")
-        self.net = load_head(path, adapter)
+        problem = self.model_problem(type(adapter))
+        if problem is not None:
+            raise ValueError(problem)
+        self.net = load_head(self.head if self.head is not None else adapter.eagle_head, adapter)
         self.pipeline = TargetPipeline.build(adapter.sampling, adapter.raw_image_columns)
         self.cfg_rows = 2 if adapter.uses_cfg else 1
         self.cache: RaggedCache | None = None

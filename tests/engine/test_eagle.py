@@ -15,7 +15,14 @@ from csd.config import ConfigError, build_drafter
 from csd.drafters import EagleDrafter
 from csd.drafters.eagle import EagleHead, head_config, save_head
 from csd.engine import JacobiEngine, Request
-from tests.helpers import chi_square_pvalue, decode_counts, exact_sequence_distribution, rejecting_janus
+from tests.helpers import (
+    chi_square_pvalue,
+    decode_counts,
+    exact_sequence_distribution,
+    rejecting_emu3,
+    rejecting_janus,
+    rejecting_lumina,
+)
 
 PROMPT = "a cat"
 N_SAMPLES = 2000
@@ -107,3 +114,29 @@ def test_bad_settings_get_one_line(tmp_path):
     assert EagleDrafter(window=4).problem(4, compiled=False) is None
     with pytest.raises(ValueError, match="ships no EAGLE head"):
         JacobiEngine(rejecting_janus(), SJD(), EagleDrafter(window=4))
+
+
+def test_a_model_without_a_shipped_head_is_refused_before_it_loads():
+    from csd.api import compose_config
+
+    with pytest.raises(ConfigError, match=r"^drafter.head=null: JanusAdapter ships no EAGLE head; train one with"):
+        compose_config("janus_pro_7b", "sjd", {"drafter": "eagle"})
+    assert compose_config("janus_pro_7b", "sjd", {"drafter": "eagle", "drafter.head": __file__}).drafter.name == "eagle"
+
+
+@pytest.mark.parametrize("make", [rejecting_lumina, rejecting_emu3], ids=["lumina", "emu3"])
+def test_forced_tokens_and_batches_on_lumina_and_emu3(tmp_path, make):
+    """Structural tokens (end-of-line, end tokens) stay in place where the head drafts over them, and a batch of 3
+    gives batch 1's tokens (Lumina-mGPT's unconditional row has an empty prompt)."""
+    adapter = make()
+    head = random_head(adapter, tmp_path / "head.pt")
+    requests = [Request("a cat", seed) for seed in range(4)]
+    batched = {r.seed: g for r, g in JacobiEngine(adapter, SJD(), EagleDrafter(window=4, head=head),
+                                                  batch_size=3).generate_many(requests)}
+    one = JacobiEngine(adapter, SJD(), EagleDrafter(window=4, head=head))
+    forced = adapter.layout.forced_ids >= 0
+    for r in requests:
+        gen = one.generate(r.prompt, r.seed)
+        assert torch.equal(gen.tokens[forced], adapter.layout.forced_ids[forced])
+        assert gen.tokens.tolist() == batched[r.seed].tokens.tolist()
+        assert gen.stats["drafter_forwards"] > 0

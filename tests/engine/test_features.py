@@ -18,7 +18,7 @@ PROMPTS = ("two red circles", "a blue square")
                          ids=["janus", "lumina", "emu3", "toy"])
 def test_features_equal_a_full_forward_and_give_the_logits(make):
     adapter = make()
-    assert adapter.exposes_features
+    assert adapter.exposes_features()
     batch = prefilled_batch(adapter, PROMPTS)
     gen = torch.Generator().manual_seed(0)
     kept = [torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long)]
