@@ -196,6 +196,23 @@ def check_inputs(cfg: DictConfig, overrides: Sequence[str]) -> None:
         check_files(names, cfg.eval, run_config)
 
 
+def print_stage(cfg: DictConfig, run_dir: Path) -> bool:
+    """Run ``stage=plan``, ``status`` or ``study``, whose result is printed; False for the other stages."""
+    if cfg.stage == "plan":
+        from csd.plan import config_plan, describe_plan
+
+        print(describe_plan(*config_plan(cfg)))
+    elif cfg.stage == "status":
+        from csd.status import status_table
+
+        print(status_table(Path(cfg.sweep_dir or run_dir), cfg.status.stale_min)[0])
+    elif cfg.stage == "study":
+        from csd.study import run_study
+
+        print(f"study: {run_study(cfg)}")
+    return cfg.stage in ("plan", "status", "study")
+
+
 def run_stages(cfg: DictConfig) -> None:
     """Run ``cfg.stage``; configuration and missing-file errors end the run with one clear line.
 
@@ -217,15 +234,11 @@ def run_stages(cfg: DictConfig) -> None:
         check_dirs(cfg.stage, cfg.run_dir, cfg.sweep_dir)
         check_inputs(cfg, job_overrides())
         run_dir = Path(cfg.run_dir)
-        if cfg.stage == "status":
-            from csd.status import status_table
+        if cfg.stage in ("generate", "all", "study"):  # the stages that decode: engine.batch_size=auto -> the plan's
+            from csd.plan import resolve_batch_size
 
-            print(status_table(Path(cfg.sweep_dir or run_dir), cfg.status.stale_min)[0])
-            return
-        if cfg.stage == "study":
-            from csd.study import run_study
-
-            print(f"study: {run_study(cfg)}")
+            resolve_batch_size(cfg)
+        if print_stage(cfg, run_dir):
             return
         one_gpu_per_shard(cfg)
         sharded = cfg.dataset.num_shards > 1

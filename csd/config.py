@@ -39,6 +39,7 @@ from csd.schema import (
     Group,
     Int,
     IntList,
+    IntOrWord,
     MapOf,
     Scalars,
     Spec,
@@ -50,7 +51,7 @@ from csd.schema import (
 
 log = logging.getLogger(__name__)
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
-STAGES = ("generate", "evaluate", "report", "status", "study", "all")
+STAGES = ("generate", "evaluate", "report", "status", "study", "plan", "all")
 #: the drafting keys that moved from the method to the drafter group (deprecated under ``method.``): old -> new name
 MOVED_TO_DRAFTER = {"window": "window", "init": "init", "coupling": "coupling", "draft_record": "draft_record",
                     "tree_width": "width", "tree_depth": "depth", "pac_code_parity": "code_parity"}
@@ -159,6 +160,7 @@ SCHEMA: dict[str, Spec | ByTarget] = {
     "model.vqgan_ckpt": Str(),
     "model.resolution": Int(min=16),
     "model.jacobi_tail": Int(min=0),
+    "model.layers": Int(min=1),
     "model.ratio": Str(),
     "model.image_area": Int(min=1),
     "model.positive_suffix": Str(),
@@ -181,7 +183,8 @@ SCHEMA: dict[str, Spec | ByTarget] = {
     "engine.max_cache_len": Int(min=1, null="for prompt + body + 64"),
     "engine.progress": Bool(),
     "engine.warmup": Int(min=0),
-    "engine.batch_size": Int(min=1),
+    "engine.batch_size": IntOrWord(min=1, word="auto"),
+    "engine.memory_gb": Float(gt=0, null="for the free memory of the device (CPU: the available RAM)"),
     "engine.latency_probe": Int(min=0),
     # conf/eval/*.yaml
     "eval.metrics": StrList(names=metric_names, what="metric", null="for the model's own list"),
@@ -447,14 +450,20 @@ def validate(cfg: DictConfig) -> None:
 
 def _cross_checks(cfg: DictConfig) -> None:
     """The checks across keys, and the rule's and drafter's own, before any model loads."""
-    m, d, window = cfg.method, cfg.dataset, cfg.drafter.window
+    m, d, drafter = cfg.method, cfg.dataset, build_drafter(cfg.drafter)
+    window = drafter.window
+    _check(m.name != "ar" or "window" in drafter.PARAMS, f"method=ar decodes one token per forward, but "
+           f"drafter={cfg.drafter.name} always drafts: use drafter=chain (the default)")
     _check(m.name != "ar" or window == 1, f"method=ar needs drafter.window=1, got {window}")
     _check(m.name == "ar" or window > 1, f"method={m.name} with drafter.window=1 decodes exactly like method=ar (one "
            "token per forward, no drafts) but would be labelled and reported as another method: use method=ar, or "
            "drafter.window >= 2")
     _check(d.shard < d.num_shards, f"dataset.shard={d.shard} must be < dataset.num_shards={d.num_shards}")
-    drafter = build_drafter(cfg.drafter)
-    problem = drafter.problem(cfg.engine.batch_size, cfg.engine.compile) or drafter.model_problem(adapter_class(cfg.model))
+    auto = cfg.engine.batch_size == "auto"  # the plan may choose any batch: the drafter must take B > 1
+    problem = drafter.problem(2 if auto else cfg.engine.batch_size, cfg.engine.compile)
+    _check(problem is None, f"engine.batch_size=auto may choose a batch > 1, but {problem}" if auto else str(problem))
+    _check_draft_model(cfg)
+    problem = drafter.model_problem(adapter_class(cfg.model))
     _check(problem is None, str(problem))
     _check(not cfg.engine.compile or adapter_class(cfg.model).compilable,
            f"engine.compile=true: model={cfg.model.name} has no compiled path; use engine.compile=false")
@@ -467,12 +476,45 @@ def _cross_checks(cfg: DictConfig) -> None:
     entropy_temperature(cfg.model)
 
 
+def model_preset(name: str) -> DictConfig:
+    """The model preset ``name`` (``<config dir>/model/<name>.yaml``)."""
+    return OmegaConf.load(next(d / "model" / f"{name}.yaml" for d in config_dirs() if (d / "model" / f"{name}.yaml").exists()))
+
+
+def _check_draft_model(cfg: DictConfig) -> None:
+    """A drafter with a model of its own (``drafter.model``, a model preset: ``drafter=draft_model``) needs one of
+    the target's family (its adapter class: the same token ids and body layout); the vocabulary itself is checked
+    when both are loaded (``csd.drafters.draft_model``)."""
+    preset = OmegaConf.select(cfg, "drafter.model")
+    if preset is None:
+        return
+    target = adapter_class(cfg.model)
+    if adapter_class(model_preset(preset)) is not target:
+        same = [name for name in choices("model") if adapter_class(model_preset(name)) is target]
+        raise ConfigError(f"drafter.model={preset} is not a {target.__name__} like model={cfg.model.name}: a draft model "
+                          f"shares the target's image vocabulary and body layout; choose one of {same}")
+
+
+def load_draft_adapter(preset: str, target: ModelAdapter) -> ModelAdapter:
+    """``drafter.model``'s adapter: the model preset ``preset`` on the target's device, with the target's sampling
+    settings in place of its own (guidance, top-k, temperatures: the draft law is the target's processing of the draft
+    model's logits, docs/ALGORITHMS.md "Draft model")."""
+    model = model_preset(preset)
+    sampling = target.sampling
+    model.merge_with({"guidance_scale": sampling.guidance_scale, "top_k": sampling.top_k or None,
+                      "temperature": sampling.temperature, "entropy_temperature": None})
+    adapter = build_adapter(model, target.device)
+    adapter.sampling = dataclasses.replace(adapter.sampling, entropy_temperature=sampling.entropy_temperature)
+    return adapter
+
+
 def _warnings(cfg: DictConfig, unknown: list[str]) -> list[str]:
     """Keys nothing reads, settings that have no effect, deprecated keys."""
     warnings = []
     if unknown:
-        named = [f"{key} (did you mean {close}?)" if (close := close_names(key, known_keys())) else key
-                 for key in unknown]
+        keys = known_keys()
+        named = [f"{key} (not a key of drafter={cfg.drafter.name})" if key in keys and key.startswith("drafter.")
+                 else f"{key} (did you mean {close}?)" if (close := close_names(key, keys)) else key for key in unknown]
         warnings.append(f"ignoring config key(s) that csd-bench does not read: {', '.join(named)}")
     if cfg.engine.max_cache_len is not None and not cfg.engine.compile:
         warnings.append(f"ignoring engine.max_cache_len={cfg.engine.max_cache_len}: it sizes the fixed cache of "
@@ -607,10 +649,13 @@ def _move_drafter_keys(cfg: DictConfig) -> list[str]:
 
 
 def build_drafter(drafter: DictConfig) -> Drafter:
-    """The drafter of ``drafter`` (``conf/drafter/<name>.yaml``: its ``_target_`` class and keys)."""
-    params = {k: v for k, v in OmegaConf.to_container(drafter, resolve=True).items() if k not in ("name", "_target_")}
+    """The drafter of ``drafter`` (``conf/drafter/<name>.yaml``: its ``_target_`` class and the keys it declares;
+    another drafter's key, e.g. a method preset's ``drafter.window`` under ``drafter=draft_model``, is not read, and
+    :func:`validate` warns about it)."""
+    cls = get_class(drafter._target_)
+    params = {k: v for k, v in OmegaConf.to_container(drafter, resolve=True).items() if k in cls.PARAMS}
     try:
-        return get_class(drafter._target_)(**params)
+        return cls(**params)
     except ValueError as err:
         raise ConfigError(str(err)) from err
 

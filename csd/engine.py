@@ -29,7 +29,7 @@ import torch
 
 from csd.acceptance import AcceptanceRule, entropy
 from csd.adapters.base import ModelAdapter
-from csd.device import synchronize
+from csd.device import Span, synchronize
 from csd.drafters import STAT_KEYS, BodyIds, ChainDrafter, Drafter
 from csd.fast import CompiledStep
 from csd.processors import TargetPipeline
@@ -51,7 +51,9 @@ class Generation:
     """One decoded image body plus everything the records need.
 
     ``prefill_s`` / ``decode_s`` (device-synchronised seconds) are per-image latencies only at batch 1;
-    in a batch images share every forward, so they are None there (``batched``).
+    in a batch images share every forward, so they are None there (``batched``). ``drafter_s``: the part of
+    ``decode_s`` spent in the drafter's step 1 (propose: its own model's forwards, sampling, building the windows), at
+    batch 1 only.
     """
 
     tokens: torch.Tensor
@@ -63,6 +65,7 @@ class Generation:
     prefill_s: float | None
     decode_s: float | None
     batched: bool = False
+    drafter_s: float | None = None
 
     @property
     def step_compression(self) -> float:
@@ -81,6 +84,8 @@ class Slot:
     entropy: torch.Tensor
     stats: torch.Tensor
     times: list[float] = field(default_factory=list)
+    #: batch 1: the device time of each iteration's propose step (read when the image finishes)
+    propose_spans: list[Span] = field(default_factory=list)
     draft: Any = None
     n: int = 0
     iteration: int = 0
@@ -161,8 +166,11 @@ class JacobiEngine:
     def _iteration(self, state: SlotBatch, slots: list[Slot | None]) -> list[int]:
         """One forward for every image in flight (the numbered steps of the module docstring); returns the slots
         whose image is now complete."""
-        # 1 propose
+        # 1 propose (timed at batch 1 without a host synchronisation: the drafter's share of the latency)
+        span = Span(self.device) if self.batch_size == 1 else None
         proposal = self.drafter.propose(slots)
+        if span is not None:
+            slots[0].propose_spans.append(span.stop())
         # 2 forward
         if self.drafter.reads_features:
             raw, proposal.features = state.forward(proposal.ids, proposal.from_prompt, proposal.active,
@@ -206,10 +214,11 @@ class JacobiEngine:
     def _finish(self, slot: Slot) -> Generation:
         """The finished image's record (its decode time when it was decoded alone)."""
         synchronize(self.device)
-        prefill_s = decode_s = None
+        prefill_s = decode_s = drafter_s = None
         if self.batch_size == 1:
             t0, t1 = slot.times
             prefill_s, decode_s = t1 - t0, time.perf_counter() - t1
+            drafter_s = sum(span.seconds() for span in slot.propose_spans)
         return Generation(
             tokens=self.body(slot.body, 0).cpu(),
             nfe=slot.iteration,
@@ -220,4 +229,5 @@ class JacobiEngine:
             prefill_s=prefill_s,
             decode_s=decode_s,
             batched=self.batch_size > 1,
+            drafter_s=drafter_s,
         )

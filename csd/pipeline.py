@@ -31,6 +31,7 @@ from csd.config import (
 from csd.device import synchronize
 from csd.drafters import ChainDrafter
 from csd.engine import Generation, JacobiEngine, Request
+from csd.plan import resolve_batch_size
 from csd.prompts import Prompt
 from csd.records import ImageRecord, RecordWriter, image_name, load_records, records_file, shard_suffix
 from csd.rundir import check_fingerprint, check_shards, generate_lock, shard_of
@@ -119,6 +120,7 @@ def make_record(
         decode_s=None if gen.batched else gen.decode_s,
         vq_decode_s=vq_decode_s,
         latency_s=None if gen.batched else gen.prefill_s + gen.decode_s,
+        drafter_s=None if gen.batched else gen.drafter_s,
         commit_iter=gen.commit_iter.tolist(),
         commit_kind=gen.commit_kind.tolist(),
         entropy=[round(v, 4) for v in gen.entropy.tolist()],
@@ -142,6 +144,7 @@ def generate_run(cfg: DictConfig) -> Path:
     into the shard's own records file.
     """
     validate(cfg)
+    resolve_batch_size(cfg)
     prompts = load_prompts(cfg.dataset)
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -192,7 +195,7 @@ def check_fits(cfg: DictConfig, adapter: ModelAdapter, prompts: list[Prompt]) ->
     left to decode) and refused with ``engine.compile=true``, which pads every window to ``drafter.window`` rows.
     A compiled cache (``engine.max_cache_len``) must hold the longest prompt, the image and one window.
     """
-    body, window, model = adapter.layout.length, cfg.drafter.window, cfg.model.name
+    body, window, model = adapter.layout.length, build_drafter(cfg.drafter).window, cfg.model.name
     if window > body:
         if cfg.engine.compile:
             raise ConfigError(f"drafter.window={window} is longer than model={model}'s image ({body} tokens) and "
@@ -286,7 +289,8 @@ def latency_probe(cfg: DictConfig, engine: JacobiEngine, prompts: list[Prompt], 
             log.warning("latency probe: %s sample %d decoded at batch 1 differs from its batched record", prompt.prompt_id, sample)
         out.append({
             "prompt_id": prompt.prompt_id, "sample": sample, "seed": seed, "nfe": gen.nfe, "prefill_s": gen.prefill_s,
-            "decode_s": gen.decode_s, "latency_s": gen.prefill_s + gen.decode_s, "tokens_match": match,
+            "decode_s": gen.decode_s, "drafter_s": gen.drafter_s, "latency_s": gen.prefill_s + gen.decode_s,
+            "tokens_match": match,
         })
     log.info("%s: latency probe of %d images at batch 1", run_dir, len(out))
     return out

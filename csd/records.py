@@ -73,12 +73,13 @@ class ImageRecord:
     the same uniform. ``filter_checks`` / ``filter_passes``: CSD's TV filter on verified drafts.
     ``residual_fallbacks``: replacements drawn from the rule's fallback law because its residual had no
     mass (LANTERN's ``code_parity``: uniform over the codes; 0 in records made before the counter).
-    ``drafter_forwards``: forwards of a drafting network (the EAGLE head), 0 for drafters without one and in records
-    made before the counter.
+    ``drafter_forwards``: forwards of the drafter's own model (``drafter=draft_model``; the EAGLE head's, ``drafter=eagle``; 0 for drafters without one and
+    in records made before the counter); ``nfe`` counts the target's only.
     Per body position: ``commit_iter`` (iteration that committed it), ``commit_kind``
     (COMMIT_* above), ``entropy`` (nats of the processed target distribution it was committed under).
     ``prefill_s``, ``decode_s``, ``latency_s`` are per-image (batch-1) times, null when the image was
-    decoded with ``batch_size > 1`` images in flight (run.json then holds the run's throughput).
+    decoded with ``batch_size > 1`` images in flight (run.json then holds the run's throughput); ``drafter_s`` is
+    the part of ``decode_s`` spent in the drafter's propose step (null when batched and in records made before it).
     """
 
     prompt_id: str
@@ -111,6 +112,7 @@ class ImageRecord:
     batch_size: int = 1
     residual_fallbacks: int = 0
     drafter_forwards: int = 0
+    drafter_s: float | None = None
 
     @property
     def key(self) -> tuple[str, int]:

@@ -73,6 +73,19 @@ class Int(Spec):
 
 
 @dataclass(frozen=True, kw_only=True)
+class IntOrWord(Int):
+    """An integer >= ``min`` or the word ``word`` (``engine.batch_size=auto``)."""
+
+    word: str
+
+    def describe(self) -> str:
+        return f"{self.word!r} or {super().describe()}"
+
+    def accepts(self, value: Any) -> bool:
+        return value == self.word or super().accepts(value)
+
+
+@dataclass(frozen=True, kw_only=True)
 class Float(Spec):
     """A finite number (an int is fine) in ``[min, max]``, or ``> gt``."""
 

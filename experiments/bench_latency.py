@@ -13,7 +13,7 @@ Measures, for one Janus-Pro model config:
 Weights: random weights of the real shape change no per-step cost (only how many steps speculative
 decoding needs, so SJD/CSD step compression is meaningful with ``--weights`` only). Without
 ``--weights`` the model is built from the config's ``config.json`` when it is available offline,
-else from the hard-coded Janus-Pro-7B / 1B shapes. Prompts are then synthetic ids of ``--prompt-len``.
+else from the Janus-Pro-7B / 1B shapes of ``csd.plan.REAL_SHAPES``. Prompts are then synthetic ids of ``--prompt-len``.
 
 GPU (one H200, 7B shape, ~5 min of which ~130 s compile)::
 
@@ -50,17 +50,15 @@ from csd.drafters import ChainDrafter
 from csd.engine import JacobiEngine
 from csd.fast import CompiledStep
 from csd.hub import load_local_first
+from csd.plan import real_janus_config
 from csd.ragged import SlotBatch
 from csd.verify import verify_window
 
 #: where results go without ``--out``: untracked, so a benchmark never overwrites the committed ``results/bench/``
 DEFAULT_OUT = Path("runs/bench")
 
-#: Janus-Pro language-model shapes (DeepSeek-LLM 7B / 1.3B), for offline runs without any model file
-JANUS_PRO_SHAPES = {
-    "janus_pro_7b": dict(hidden=4096, intermediate=11008, layers=30, heads=32),
-    "janus_pro_1b": dict(hidden=2048, intermediate=5632, layers=24, heads=16),
-}
+#: the Janus-Pro configs with a real shape for offline runs without any model file (csd.plan.REAL_SHAPES)
+JANUS_PRO_SHAPES = ("janus_pro_7b", "janus_pro_1b")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 #: synthetic prompt ids: BOS, pad and BOI, then caption bytes from SYNTH_BYTE0
 SYNTH_BOS, SYNTH_PAD, SYNTH_BOI, SYNTH_BYTE0 = 1, 0, 2, 3
@@ -68,25 +66,6 @@ CAPTION = "a photo of a red fox sitting in the snow next to a wooden cabin, gold
 
 
 # ------------------------------------------------------------------------------------------- models
-
-
-def janus_pro_shape(name: str) -> JanusConfig:
-    """A Janus-Pro config of the real shape from hard-coded numbers (24x24 tokens, 16384 codes)."""
-    s = JANUS_PRO_SHAPES[name]
-    text = dict(
-        model_type="llama",
-        vocab_size=102400,
-        hidden_size=s["hidden"],
-        intermediate_size=s["intermediate"],
-        num_hidden_layers=s["layers"],
-        num_attention_heads=s["heads"],
-        num_key_value_heads=s["heads"],
-        max_position_embeddings=16384,
-    )
-    vq = dict(
-        num_embeddings=16384, num_patches=24, projection_dim=s["hidden"], image_token_embed_dim=s["hidden"]
-    )
-    return JanusConfig(text_config=text, vision_config=dict(projection_dim=s["hidden"]), vq_config=vq)
 
 
 @contextlib.contextmanager
@@ -111,14 +90,14 @@ def synthetic_encoder(vocab: int) -> Callable[[str], torch.Tensor]:
 def random_janus(
     name: str, path: str, dtype: torch.dtype, device: torch.device
 ) -> tuple[JanusForConditionalGeneration, str]:
-    """Random weights of the real shape: from ``path``'s config.json when available, else hard-coded."""
+    """Random weights of the real shape: from ``path``'s config.json when available, else csd.plan.REAL_SHAPES."""
     try:
         config = load_local_first(lambda: JanusConfig.from_pretrained(path))
         source = f"config.json of {path}"
     except (OSError, ValueError):  # hub clients raise OSError / HFValidationError subclasses
         if name not in JANUS_PRO_SHAPES:
             raise
-        config, source = janus_pro_shape(name), "hard-coded shape"
+        config, source = real_janus_config(name), "csd.plan.REAL_SHAPES"
     with default_dtype(dtype), device:
         model = JanusForConditionalGeneration(config)
     return model, f"random weights ({source})"

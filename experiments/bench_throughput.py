@@ -14,7 +14,7 @@ Models: ``toy`` (the embedded trained model: real acceptance, so real NFE), ``ja
 per-step costs are real, step compression is not). Prompts: the toy held-out captions (image ``i``:
 caption ``i`` mod their number, seed ``i``).
 
-CPU (the README table, ~10 min on 2 cores)::
+CPU (the table in docs/PERFORMANCE.md, ~10 min on 2 cores)::
 
     python -m experiments.bench_throughput --model toy --batch-sizes 1,16 --images 32
 
@@ -43,6 +43,7 @@ from csd.config import CONF_DIR, build_adapter, resolve_device
 from csd.device import synchronize
 from csd.drafters import ChainDrafter
 from csd.engine import JacobiEngine, Request
+from csd.fast import CompiledStep
 from csd.toy.domain import toy_prompts
 from experiments.bench_latency import (
     CAPTION,
@@ -98,14 +99,16 @@ def decode_pass(engine: JacobiEngine, requests: list[Request], device: torch.dev
 
 
 def bench_method(
-    adapter: ModelAdapter, rule: AcceptanceRule, window: int, captions: list[str], args: argparse.Namespace, stage
+    adapter: ModelAdapter, rule: AcceptanceRule, window: int, captions: list[str], args: argparse.Namespace, stage,
+    compiled: CompiledStep | None = None,
 ) -> dict[int, dict[str, Any]]:
     """Per batch size: images, images/s, mean NFE and step compression of the images also decoded at B = 1
-    (``nfe_mean_all``: of every image), and how many of those differ from B = 1 (tokens or NFE)."""
+    (``nfe_mean_all``: of every image), and how many of those differ from B = 1 (tokens or NFE). ``compiled``: decode
+    on the compiled step (experiments/gpu_check.py; two graphs per batch size)."""
     out: dict[int, dict[str, Any]] = {}
     reference: dict[int, Any] = {}
     for batch in args.batch_sizes:
-        engine = JacobiEngine(adapter, rule, ChainDrafter(window=window), batch_size=batch)
+        engine = JacobiEngine(adapter, rule, ChainDrafter(window=window), batch_size=batch, compiled=compiled)
         decode_pass(engine, make_requests(captions, args.warmup, seed0=10_000), adapter.device)
         n = max(args.images, args.rounds * batch)
         results, seconds, steady = decode_pass(engine, make_requests(captions, n), adapter.device)

@@ -6,7 +6,7 @@
 #   DATA_DIR/coco/val2017/*.jpg                        FID reference images (5000, ~0.8 GB)
 #   DATA_DIR/geneval/evaluation_metadata.jsonl         GenEval prompts (conf/dataset/geneval.yaml)
 # Inception (FID) and CLIP weights are not fetched here: torchmetrics / open_clip download them on
-# first use into $TORCH_HOME and the Hugging Face cache; see the README for offline machines.
+# first use into $TORCH_HOME and the Hugging Face cache; see the README's "Offline use" for offline machines.
 set -euo pipefail
 DATA_DIR=${1:-data}
 COCO_URL=http://images.cocodataset.org

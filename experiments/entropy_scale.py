@@ -1,6 +1,6 @@
 """Target-entropy scale of finished runs: how confident the model is per position, in nats and as a share of
 ``log V`` (CSD's ``entropy_norm=log_vocab``), to compare models before transferring an entropy knob (CSD's ``lam``,
-entropy-aware SJD's ``e``; README "Is entropy the right signal?").
+entropy-aware SJD's ``e``; docs/RESULTS.md "Is entropy the right signal?").
 
     python experiments/entropy_scale.py results/entropy_study/ar [more run dirs] [--out entropy_scale.md]
 

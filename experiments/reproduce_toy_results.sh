@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Reproduce the committed toy results under results/ (CPU: toy_paper 53 min on one thread, the ablation ~5 min):
 # the paper table on the toy (toy_paper) and the CSD lambda/delta ablation, with speed-ups against
-# toy_paper's AR run. Same seeds -> same tokens (tests/test_results.py checks a sample of them).
+# toy_paper's AR run. Same seeds -> same tokens (tests/pipeline/test_results.py checks a sample of them).
 # Finished images are resumed, not redone: after retraining the toy model, delete
 # results/toy_paper and results/ablation_lambda_delta first.
 set -euo pipefail
@@ -10,6 +10,6 @@ export HF_HUB_OFFLINE=1
 python run.py experiment=toy_paper logger=disabled hydra.sweep.dir=results/toy_paper
 python run.py experiment=ablation_lambda_delta model=toy dataset=toy dataset.n_prompts=16 device=cpu logger=disabled \
   'eval.report.extra_runs=[results/toy_paper/0_ar]' hydra.sweep.dir=results/ablation_lambda_delta
-# the matched-compression study (issue #17, docs/EVALUATION.md#matched-compression-study; README "Is entropy the right
+# the matched-compression study (docs/EVALUATION.md#matched-compression-study; docs/RESULTS.md "Is entropy the right
 # signal?"): about 50 min on one thread; resumes after an interruption
 python run.py experiment=entropy_study hydra.run.dir=results/entropy_study

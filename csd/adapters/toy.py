@@ -94,3 +94,18 @@ def load_toy_adapter(guidance_scale: float = DEFAULT_GUIDANCE, top_k: int | None
     lm = load_toy_lm(LM_DIR, dtype=getattr(torch, dtype))
     sampling = SamplingConfig(guidance_scale=guidance_scale, top_k=top_k or 0, temperature=temperature)
     return ToyAdapter(lm, PatchTokenizer.load(TOKENIZER_FILE), sampling, device)
+
+
+def load_toy_draft_adapter(layers: int = 1, guidance_scale: float = DEFAULT_GUIDANCE, top_k: int | None = 0,
+                           temperature: float = 1.0, device: str = "cpu", dtype: str = "float32") -> ToyAdapter:
+    """A layer-skip draft model of the toy (``model=toy_draft``, docs/ALGORITHMS.md "Draft model"): the shipped toy
+    LM's first ``layers`` decoder layers, then its own final norm and output head, with the toy's weights as they are
+    (an early exit, not trained as such)."""
+    adapter = load_toy_adapter(guidance_scale, top_k, temperature, device, dtype)
+    decoder = adapter.lm.model
+    if not 1 <= layers < len(decoder.layers):
+        raise ValueError(f"model.layers={layers}: the toy has {len(decoder.layers)} decoder layers; a layer-skip draft "
+                         f"keeps 1 .. {len(decoder.layers) - 1} of them")
+    decoder.layers = decoder.layers[:layers]
+    decoder.config.num_hidden_layers = layers
+    return adapter

@@ -36,7 +36,8 @@ INIT_SCHEMES = ("random", "repeat_left")
 COUPLINGS = ("none", "maximal", "gumbel")
 #: the recorded ``p`` of a fresh random draft: one-hot on itself, or the uniform law it was drawn from
 DRAFT_RECORDS = ("onehot", "uniform")
-#: per-image counters every drafter reports, in this order (records, docs/ALGORITHMS.md "What is recorded")
+#: per-image counters every drafter reports, in this order (records, docs/ALGORITHMS.md "What is recorded");
+#: ``drafter_forwards``: forwards of the drafter's own model (0 for drafters without one: chain, pac_tree)
 STAT_KEYS = ("drafts_proposed", "drafts_verified", "drafts_accepted", "relaxed_accepts", "filter_checks", "filter_passes",
              "residual_fallbacks", "drafter_forwards")
 

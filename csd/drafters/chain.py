@@ -60,53 +60,13 @@ class ChainDrafter(Drafter):
         return ChainWindow(rows, drafts, probs, torch.cat([anchor, self.body(drafts, n)]))
 
     def propose(self, slots: list[Slot | None]) -> Proposal:
-        windows = [None if slot is None else self._window(slot) for slot in slots]
-        rows = max(w.rows for w in windows if w is not None)
-        fed = self.window if (self.pad and rows > 1) else rows
-        # padding repeats a window's last token (an empty slot: any token); its outputs are dropped and rolled back
-        ids = torch.stack([
-            self.body.image_ids[:1].expand(fed) if w is None else torch.cat([w.ids, w.ids[-1:].expand(fed - w.rows)])
-            for w in windows
-        ])
-        from_prompt = [w is not None and slot.n == 0 for slot, w in zip(slots, windows, strict=True)]
-        return Proposal(ids, from_prompt, [w is not None for w in windows], rows, None, windows)
+        return chain_proposal(self, slots, [None if slot is None else self._window(slot) for slot in slots])
 
     def verify(self, rule: AcceptanceRule, slots: list[Slot | None], proposal: Proposal, target: torch.Tensor,
                target_entropy: torch.Tensor) -> Verified:
-        windows, rows, vocab, device = proposal.windows, proposal.rows, self.vocab, self.device
-        # each image draws its window's random numbers from its own generator, exactly as at batch 1
-        own = [None if w is None else WindowNoise.draw(
-            1, w.rows, vocab, slot.generator, device,
-            None if slot.draft.shared is None else slot.draft.shared[slot.n : slot.n + w.rows].unsqueeze(0))
-            for slot, w in zip(slots, windows, strict=True)]
-        if all(w is not None and w.rows == rows for w in windows):  # every window full (batch 1 always): no padding
-            noise = WindowNoise(*(torch.cat([getattr(o, f) for o in own]) for f in ("samples", "uniforms", "residual")))
-            drafts = torch.stack([w.drafts for w in windows])
-            draft_probs = torch.stack([w.draft_probs for w in windows])
-            forced = torch.stack([self.body.is_forced[slot.n : slot.n + rows - 1] for slot in slots])
-            n_drafts = None
-        else:  # windows shorter than the batch's are padded (padding is never accepted nor committed)
-            noise = WindowNoise(target.new_ones((len(slots), rows, vocab)), target.new_zeros((len(slots), rows - 1)),
-                                target.new_ones((len(slots), vocab)))
-            drafts = torch.zeros((len(slots), rows - 1), dtype=torch.long, device=device)
-            draft_probs = F.one_hot(drafts, vocab).float()
-            forced = torch.zeros((len(slots), rows - 1), dtype=torch.bool, device=device)
-            for b, (slot, w, o) in enumerate(zip(slots, windows, own, strict=True)):
-                if w is None:
-                    continue
-                noise.samples[b, : w.rows], noise.uniforms[b, : w.rows - 1], noise.residual[b] = o.samples[0], o.uniforms[0], o.residual[0]
-                drafts[b, : w.rows - 1], draft_probs[b, : w.rows - 1] = w.drafts, w.draft_probs
-                forced[b, : w.rows - 1] = self.body.is_forced[slot.n : slot.n + w.rows - 1]
-            n_drafts = to_device([0 if w is None else w.rows - 1 for w in windows], device)
-        result, samples = verify_window(rule, target, target_entropy, drafts, draft_probs, forced, noise, n_drafts)
-        kinds = torch.full((len(slots), rows), COMMIT_SAMPLED, dtype=torch.long, device=device)
-        kinds[:, : rows - 1] = torch.where(
-            result.accepted, torch.where(result.relaxed, COMMIT_RELAXED, COMMIT_ACCEPTED), COMMIT_SAMPLED
-        )
-        stats = self._stats(result, forced, n_drafts)
-        counts = (result.n_accepted + 1).tolist()  # the one host synchronisation of the iteration
-        counts = [m if w is not None else 0 for m, w in zip(counts, windows, strict=True)]
-        return Verified(counts, result.committed, kinds, target_entropy, stats, None, samples)
+        shared = [None if w is None or slot.draft.shared is None else slot.draft.shared[slot.n : slot.n + w.rows].unsqueeze(0)
+                  for slot, w in zip(slots, proposal.windows, strict=True)]
+        return verify_chains(self, rule, slots, proposal, target, target_entropy, shared)
 
     def refresh(self, slots: list[Slot | None], proposal: Proposal, verified: Verified, target: torch.Tensor) -> None:
         """SJD step 6: ``y_m .. y_{K-1}`` become the next drafts, recorded with ``q_m .. q_{K-1}``; with maximal
@@ -121,17 +81,70 @@ class ChainDrafter(Drafter):
                 refreshed = torch.cat([coupled, samples[b, w.rows - 1 : w.rows]])[m:]
             slot.draft.carried, slot.draft.carried_probs = refreshed, target[b, m : w.rows]
 
-    @staticmethod
-    def _stats(result: WindowResult, forced: torch.Tensor, n_drafts: torch.Tensor | None) -> torch.Tensor:
-        """Device-side counters ``[B, len(STAT_KEYS)]`` in STAT_KEYS order (forced positions excluded; ``n_drafts``
-        None: every window full)."""
-        free = ~forced
-        if n_drafts is not None:
-            free &= torch.arange(forced.shape[1], device=forced.device) < n_drafts.unsqueeze(-1)
-        proposed = free.sum(-1)
-        verified = result.verified.sum(-1)
-        zero = proposed * 0
-        checks = verified if result.filter_pass is not None else zero
-        passes = result.filter_pass.sum(-1) if result.filter_pass is not None else zero
-        return torch.stack([proposed, verified, result.accepted.sum(-1), result.relaxed.sum(-1), checks, passes,
-                            result.fallback.long(), zero], dim=-1)
+
+def chain_proposal(drafter: Drafter, slots: list[Slot | None], windows: list[ChainWindow | None]) -> Proposal:
+    """Step 1 for chain windows (one per slot, None: an empty slot), padded to one shape: to the longest window, or to
+    ``drafter.window`` rows when the drafter pads (the compiled path)."""
+    rows = max(w.rows for w in windows if w is not None)
+    fed = drafter.window if (drafter.pad and rows > 1) else rows
+    # padding repeats a window's last token (an empty slot: any token); its outputs are dropped and rolled back
+    ids = torch.stack([
+        drafter.body.image_ids[:1].expand(fed) if w is None else torch.cat([w.ids, w.ids[-1:].expand(fed - w.rows)])
+        for w in windows
+    ])
+    from_prompt = [w is not None and slot.n == 0 for slot, w in zip(slots, windows, strict=True)]
+    return Proposal(ids, from_prompt, [w is not None for w in windows], rows, None, windows)
+
+
+def verify_chains(drafter: Drafter, rule: AcceptanceRule, slots: list[Slot | None], proposal: Proposal,
+                  target: torch.Tensor, target_entropy: torch.Tensor, shared: list[torch.Tensor | None]) -> Verified:
+    """Step 4 for chain windows (:func:`csd.verify.verify_window`): ``shared[b]`` is slot ``b``'s Gumbel-sharing noise of
+    its window's rows ``[1, rows, V]`` or None. The ``drafter_forwards`` counter is 0 (a drafter with forwards of its own
+    adds them)."""
+    windows, rows, vocab, device = proposal.windows, proposal.rows, drafter.vocab, drafter.device
+    # each image draws its window's random numbers from its own generator, exactly as at batch 1
+    own = [None if w is None else WindowNoise.draw(1, w.rows, vocab, slot.generator, device, noise)
+           for slot, w, noise in zip(slots, windows, shared, strict=True)]
+    if all(w is not None and w.rows == rows for w in windows):  # every window full (batch 1 always): no padding
+        noise = WindowNoise(*(torch.cat([getattr(o, f) for o in own]) for f in ("samples", "uniforms", "residual")))
+        drafts = torch.stack([w.drafts for w in windows])
+        draft_probs = torch.stack([w.draft_probs for w in windows])
+        forced = torch.stack([drafter.body.is_forced[slot.n : slot.n + rows - 1] for slot in slots])
+        n_drafts = None
+    else:  # windows shorter than the batch's are padded (padding is never accepted nor committed)
+        noise = WindowNoise(target.new_ones((len(slots), rows, vocab)), target.new_zeros((len(slots), rows - 1)),
+                            target.new_ones((len(slots), vocab)))
+        drafts = torch.zeros((len(slots), rows - 1), dtype=torch.long, device=device)
+        draft_probs = F.one_hot(drafts, vocab).float()
+        forced = torch.zeros((len(slots), rows - 1), dtype=torch.bool, device=device)
+        for b, (slot, w, o) in enumerate(zip(slots, windows, own, strict=True)):
+            if w is None:
+                continue
+            noise.samples[b, : w.rows], noise.uniforms[b, : w.rows - 1], noise.residual[b] = o.samples[0], o.uniforms[0], o.residual[0]
+            drafts[b, : w.rows - 1], draft_probs[b, : w.rows - 1] = w.drafts, w.draft_probs
+            forced[b, : w.rows - 1] = drafter.body.is_forced[slot.n : slot.n + w.rows - 1]
+        n_drafts = to_device([0 if w is None else w.rows - 1 for w in windows], device)
+    result, samples = verify_window(rule, target, target_entropy, drafts, draft_probs, forced, noise, n_drafts)
+    kinds = torch.full((len(slots), rows), COMMIT_SAMPLED, dtype=torch.long, device=device)
+    kinds[:, : rows - 1] = torch.where(
+        result.accepted, torch.where(result.relaxed, COMMIT_RELAXED, COMMIT_ACCEPTED), COMMIT_SAMPLED
+    )
+    stats = _stats(result, forced, n_drafts)
+    counts = (result.n_accepted + 1).tolist()  # the one host synchronisation of the iteration
+    counts = [m if w is not None else 0 for m, w in zip(counts, windows, strict=True)]
+    return Verified(counts, result.committed, kinds, target_entropy, stats, None, samples)
+
+
+def _stats(result: WindowResult, forced: torch.Tensor, n_drafts: torch.Tensor | None) -> torch.Tensor:
+    """Device-side counters ``[B, len(STAT_KEYS)]`` in STAT_KEYS order (forced positions excluded; ``n_drafts``
+    None: every window full)."""
+    free = ~forced
+    if n_drafts is not None:
+        free &= torch.arange(forced.shape[1], device=forced.device) < n_drafts.unsqueeze(-1)
+    proposed = free.sum(-1)
+    verified = result.verified.sum(-1)
+    zero = proposed * 0
+    checks = verified if result.filter_pass is not None else zero
+    passes = result.filter_pass.sum(-1) if result.filter_pass is not None else zero
+    return torch.stack([proposed, verified, result.accepted.sum(-1), result.relaxed.sum(-1), checks, passes,
+                        result.fallback.long(), zero], dim=-1)

@@ -201,7 +201,7 @@ class PacTreeDrafter(Drafter):
         return Verified([len(path)], tokens[None], kinds[None], entropies[None], stats[None], [path], outcome)
 
     def _stats(self, n: int, tree: Tree, path: list[int], flags: list[list[bool]], filtered: bool) -> list[int]:
-        """The iteration's counters (STAT_KEYS but the fallback count) for a tree window, free (unforced, existing)
+        """The iteration's counters (STAT_KEYS but the fallback count and the drafter's forwards) for a tree window, free (unforced, existing)
         nodes only: proposed = every node of the window; verified = the children RRS judged along the committed path
         (up to the accepted one, at the last node all of them); accepted / relaxed = nodes of the path; filter counts
         over verified."""

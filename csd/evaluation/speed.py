@@ -45,7 +45,7 @@ def speed_metrics(records: Sequence[dict[str, Any]], info: Mapping[str, Any] | N
     """Latency statistics, throughput, step compression and acceptance counters of one run.
 
     Latency is a batch-1 quantity over :func:`batch1_timings` (``latency_images`` of them; NaN if
-    none); ``throughput_images_per_s`` is run.json's images / decoding wall time of the last generate
+    none), and so is ``drafter_s_mean``, the drafter's share of ``decode_s`` (over the timings that have it); ``throughput_images_per_s`` is run.json's images / decoding wall time of the last generate
     pass (NaN for runs that predate it). ``acceptance_rate`` = accepted / proposed drafts;
     ``relaxed_rate`` = share of the accepted drafts that only the relaxed rule accepted;
     ``filter_pass_rate`` = CSD's TV-filter passes / checks. Rates whose denominator is zero (e.g. AR
@@ -56,13 +56,17 @@ def speed_metrics(records: Sequence[dict[str, Any]], info: Mapping[str, Any] | N
     total = {k: sum(r[k] for r in records) for k in (
         "drafts_proposed", "drafts_verified", "drafts_accepted", "relaxed_accepts", "filter_checks", "filter_passes"
     )}
-    # replacements drawn from a rule's fallback law (records made before the counter have none)
-    total["residual_fallbacks"] = sum(r.get("residual_fallbacks", 0) for r in records)
+    # counters added later: records made before them have none (replacements drawn from a rule's fallback law, the
+    # forwards of a drafter's own model)
+    for key in ("residual_fallbacks", "drafter_forwards"):
+        total[key] = sum(r.get(key, 0) for r in records)
     return {
         **latency_stats([t["latency_s"] for t in timed]),
         "latency_images": len(timed),
         "decode_s_mean": _mean([t["decode_s"] for t in timed]),
         "prefill_s_mean": _mean([t["prefill_s"] for t in timed]),
+        # the drafter's share of decode_s (timings made before it have none)
+        "drafter_s_mean": _mean([t["drafter_s"] for t in timed if t.get("drafter_s") is not None]),
         "throughput_images_per_s": float(info.get("throughput_images_per_s", NAN)),
         "vq_decode_s_mean": _mean([r["vq_decode_s"] for r in records]),
         "nfe_mean": _mean([r["nfe"] for r in records]),

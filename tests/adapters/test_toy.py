@@ -231,3 +231,22 @@ def test_training_script_trains_continues_and_saves(tmp_path) -> None:
     lm = load_toy_lm(tmp_path / "lm")
     assert lm.config.hidden_size == 32 and lm.config.num_hidden_layers == 1
     assert lm.config.rope_parameters["rope_theta"] == 42
+
+
+def test_toy_draft_is_an_early_exit_of_the_toy() -> None:
+    """model=toy_draft: the toy's first decoder layer, then its final norm and head, with the toy's own weights."""
+    from csd.adapters.toy import load_toy_adapter, load_toy_draft_adapter
+
+    toy, draft = load_toy_adapter(), load_toy_draft_adapter(layers=1)
+    assert len(draft.lm.model.layers) == draft.decoder().config.num_hidden_layers == 1
+    ids = toy.prompt_inputs("two red circles")[:1]
+    with torch.no_grad():
+        embeds = toy.lm.model.embed_tokens(ids)
+        positions = torch.arange(ids.shape[1])[None]
+        hidden = toy.lm.model.layers[0](embeds, position_embeddings=toy.lm.model.rotary_emb(embeds, positions),
+                                        attention_mask=None, position_ids=positions)
+        hidden = hidden[0] if isinstance(hidden, tuple) else hidden
+        early = toy.lm.lm_head(toy.lm.model.norm(hidden))[..., -draft.vocab_size:]
+        torch.testing.assert_close(draft.decode_step(ids, None, positions, None), early)
+    with pytest.raises(ValueError, match=r"model.layers=6: the toy has 6 decoder layers; .* keeps 1 .. 5"):
+        load_toy_draft_adapter(layers=6)

@@ -3,8 +3,8 @@ exactly two graphs and no recompilation across prompts, refills and batches, rol
 latency benchmark's CPU smoke run.
 
 The compiled step uses the ``aot_eager`` backend: the same full-graph, fixed-shape trace as inductor (graph breaks and
-recompilations show up identically) without minutes of C++ code generation on a CPU. Inductor itself reproduced these
-tokens too (checked by hand; too slow for CI).
+recompilations show up identically) without minutes of C++ code generation on a CPU. Inductor itself is tested in
+tests/engine/test_inductor.py (minutes; ``pytest -m inductor``).
 
 The tiny Janus is ``tests.helpers.rejecting_janus`` (4x4 tokens, 16 codes, targets that move with the previous
 tokens): the token-identity tests roll the fixed cache back after rejected carried drafts, which they count.

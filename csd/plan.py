@@ -1,0 +1,362 @@
+"""The memory planner (docs/PERFORMANCE.md, "Memory plan"): how many images fit on a device, before any weight loads.
+
+From a ``conf/model/`` config alone (for the real checkpoints: the transformers config shapes of :data:`REAL_SHAPES`;
+the model is instantiated on the ``meta`` device, which allocates nothing, to count its weights) the plan adds up
+
+* the weights: every parameter and buffer of the model the adapter holds, in its dtype;
+* the KV cache of one image slot: CFG rows x cache length x layers x KV heads x head dim x 2 (keys, values) x dtype
+  bytes, with the cache length ``csd.ragged.default_cache_len`` gives (prompt + body + window reserve, rounded up);
+* the activations of one slot's window forward (:func:`activation_bytes`) and the drafter's fp32 state per slot;
+* a workspace allowance: a fixed reserve on CUDA (allocator, library workspaces) and, compiled, the two captured
+  graphs' private activations;
+
+and :meth:`MemoryPlan.max_batch` is the largest ``engine.batch_size`` whose total fits a memory budget
+(``engine.memory_gb``, default: the free memory of the device). ``python -m csd.plan`` prints the table of every
+``model=`` preset on 24 / 40 / 80 / 141 GB.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from csd.ragged import default_cache_len
+
+GB = 1e9
+#: the device sizes of the planner's table (GB): 24 GB consumer cards, A100 40 / 80 GB, H200 141 GB
+TABLE_GB = (24, 40, 80, 141)
+#: prompt length planned for every model but the toy (whose prompts have one length): tokens, the latency benchmark's
+#: synthetic prompt; the cache length rounds prompt + body + 64 up to a multiple of 256, so nearby lengths plan the same
+PROMPT_LEN = 64
+#: fp32 ``[window, image vocab]`` tensors alive per slot during an iteration: target q, its log, the race noise,
+#: the carried draft laws, the residual, the acceptance inputs (csd.verify, csd.drafters.chain)
+FP32_COPIES = 6
+#: CUDA reserve outside the plan's tensors (allocator rounding, cuBLAS / attention workspaces), GB
+CUDA_RESERVE_GB = 1.0
+#: the largest batch the planner searches
+MAX_BATCH = 4096
+
+#: Transformer shapes of the real checkpoints (their transformers ``config.json`` on the Hugging Face hub; used
+#: offline, no file is read): hidden, intermediate, layers, attention heads, KV heads, text vocabulary.
+REAL_SHAPES: dict[str, dict[str, int]] = {
+    # deepseek-community/Janus-Pro-7B config.json, text_config (DeepSeek-LLM 7B)
+    "janus_pro_7b": dict(hidden=4096, intermediate=11008, layers=30, heads=32, kv_heads=32, vocab=102400),
+    # deepseek-community/Janus-Pro-1B config.json, text_config (DeepSeek-LLM 1.3B)
+    "janus_pro_1b": dict(hidden=2048, intermediate=5632, layers=24, heads=16, kv_heads=16, vocab=102400),
+    # Alpha-VLLM/Lumina-mGPT-7B-768 config.json (Chameleon 7B; the same for 512 and 1024 px)
+    "lumina_mgpt_7b": dict(hidden=4096, intermediate=11008, layers=32, heads=32, kv_heads=32, vocab=65536),
+    # BAAI/Emu3-Gen-hf config.json, text_config (grouped-query attention: 8 KV heads)
+    "emu3_gen": dict(hidden=4096, intermediate=14336, layers=32, heads=32, kv_heads=8, vocab=184622),
+}
+#: Emu3-Gen's image grid at 720x720 px (image_area 518400) with its 8x spatial downsampling: 90 x 90 tokens
+EMU3_GRID = (90, 90)
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the plan needs of a model: its weights and the shapes of its decoder, body, prompt and logits."""
+
+    name: str
+    weight_bytes: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    hidden: int
+    intermediate: int
+    logit_columns: int
+    image_vocab: int
+    body_len: int
+    prompt_len: int
+    cfg_rows: int
+    dtype_bytes: int
+    source: str
+
+
+def module_bytes(module: torch.nn.Module, dtype: torch.dtype | None = None) -> int:
+    """Bytes of ``module``'s parameters and buffers (in ``dtype`` for floating tensors when given)."""
+    tensors = [*module.parameters(), *module.buffers()]
+    return sum(t.numel() * (torch.empty(0, dtype=dtype).element_size() if dtype and t.is_floating_point()
+                            else t.element_size()) for t in tensors)
+
+
+def on_meta(build: Any, *args: Any) -> torch.nn.Module:
+    """``build(*args)`` instantiated on the meta device: shapes without memory."""
+    with torch.device("meta"):
+        return build(*args)
+
+
+def decoder_dims(text: Any) -> dict[str, int]:
+    """Layers, heads, KV heads, head dim, hidden and intermediate sizes of a transformers text config."""
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    return dict(layers=text.num_hidden_layers, heads=text.num_attention_heads,
+                kv_heads=text.num_key_value_heads, head_dim=head_dim, hidden=text.hidden_size,
+                intermediate=text.intermediate_size)
+
+
+def real_janus_config(name: str) -> Any:
+    """A Janus-Pro config of the real shape (:data:`REAL_SHAPES`; 24x24 image tokens, 16384 codes), no file read."""
+    from transformers import JanusConfig
+
+    s = REAL_SHAPES[name]
+    text = dict(model_type="llama", vocab_size=s["vocab"], hidden_size=s["hidden"], intermediate_size=s["intermediate"],
+                num_hidden_layers=s["layers"], num_attention_heads=s["heads"], num_key_value_heads=s["kv_heads"],
+                max_position_embeddings=16384)
+    vq = dict(num_embeddings=16384, num_patches=24, projection_dim=s["hidden"], image_token_embed_dim=s["hidden"])
+    return JanusConfig(text_config=text, vision_config=dict(projection_dim=s["hidden"]), vq_config=vq)
+
+
+def janus_config(model: DictConfig) -> tuple[Any, str]:
+    """The tiny config (its generator's arguments) or the real shape of :data:`REAL_SHAPES`."""
+    from csd.adapters.janus import tiny_janus_config
+
+    if model.name not in REAL_SHAPES:
+        return tiny_janus_config(model.grid, model.codebook), "tiny config"
+    return real_janus_config(model.name), "REAL_SHAPES (hub config.json)"
+
+
+def janus_shape(model: DictConfig) -> dict[str, Any]:
+    from transformers import JanusForConditionalGeneration
+
+    config, source = janus_config(model)
+    side = int(round(config.vision_config.num_image_tokens ** 0.5))
+    return dict(model=on_meta(JanusForConditionalGeneration, config), text=config.text_config, source=source,
+                logit_columns=config.vq_config.num_embeddings, image_vocab=config.vq_config.num_embeddings,
+                body_len=side * side, prompt_len=PROMPT_LEN)
+
+
+def real_text_config(name: str) -> dict[str, int]:
+    s = REAL_SHAPES[name]
+    return dict(vocab_size=s["vocab"], hidden_size=s["hidden"], intermediate_size=s["intermediate"],
+                num_hidden_layers=s["layers"], num_attention_heads=s["heads"], num_key_value_heads=s["kv_heads"])
+
+
+def lumina_shape(model: DictConfig) -> dict[str, Any]:
+    from transformers import ChameleonConfig, ChameleonForConditionalGeneration
+
+    from csd.adapters.lumina import tiny_lumina_config, tiny_vqgan_config
+    from csd.adapters.vqgan import VQGANConfig, VQGANDecoder
+
+    if model.name == "lumina_mgpt_tiny":
+        config, _ = tiny_lumina_config(model.codes, model.seed)
+        vqgan, (rows, cols), source = tiny_vqgan_config(model.codes), tuple(model.grid), "tiny config"
+    else:  # the image vocabulary map only names the image token here: no tokenizer offline
+        config = ChameleonConfig(**real_text_config("lumina_mgpt_7b"), vocabulary_map={"<image>": 8711})
+        vqgan, source = VQGANConfig(), "REAL_SHAPES (hub config.json)"
+        rows = cols = model.resolution // vqgan.downsample
+    lm = on_meta(ChameleonForConditionalGeneration, config)
+    decoder = on_meta(VQGANDecoder, vqgan)
+    return dict(model=lm, extra_bytes=module_bytes(decoder, torch.float32), text=config, source=source, logit_columns=config.vocab_size, image_vocab=vqgan.n_embed,
+                body_len=3 + rows * (cols + 1) + 1, prompt_len=PROMPT_LEN)
+
+
+def emu3_shape(model: DictConfig) -> dict[str, Any]:
+    from transformers import Emu3Config, Emu3ForConditionalGeneration
+
+    from csd.adapters.emu3 import tiny_emu3_config
+
+    if model.name == "emu3_tiny":
+        config, (rows, cols), source = tiny_emu3_config(model.codes, model.seed), tuple(model.grid), "tiny config"
+    else:  # only the end-of-line name is read at construction
+        config = Emu3Config(text_config=real_text_config("emu3_gen"), vocabulary_map={"<|extra_200|>": 151846})
+        (rows, cols), source = EMU3_GRID, "REAL_SHAPES (hub config.json)"
+    return dict(model=on_meta(Emu3ForConditionalGeneration, config), text=config.text_config, source=source,
+                logit_columns=config.text_config.vocab_size, image_vocab=config.vq_config.codebook_size,
+                body_len=rows * (cols + 1) + 2, prompt_len=PROMPT_LEN)
+
+
+def toy_shape(model: DictConfig) -> dict[str, Any]:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from csd.toy import LM_DIR
+    from csd.toy.tokenizer import GRID
+    from csd.toy.vocab import PROMPT_LEN
+
+    config = LlamaConfig.from_dict(json.loads((LM_DIR / "config.json").read_text()))
+    if "layers" in model:  # model=toy_draft: the toy's first layers (csd.adapters.toy.load_toy_draft_adapter)
+        config.num_hidden_layers = model.layers
+    return dict(model=on_meta(LlamaForCausalLM, config), text=config, source=f"{LM_DIR.name}/config.json",
+                logit_columns=config.vocab_size, image_vocab=GRID * GRID, body_len=GRID * GRID, prompt_len=PROMPT_LEN)
+
+
+#: the loader function named by a model config's ``_target_`` -> how its shape is read
+FAMILIES = {
+    "load_toy_adapter": toy_shape, "load_toy_draft_adapter": toy_shape,
+    "tiny_janus_adapter": janus_shape, "load_janus_adapter": janus_shape,
+    "tiny_lumina_adapter": lumina_shape, "load_lumina_adapter": lumina_shape,
+    "tiny_emu3_adapter": emu3_shape, "load_emu3_adapter": emu3_shape,
+}
+
+
+def model_shape(model: DictConfig) -> ModelShape:
+    """The :class:`ModelShape` of a ``conf/model/`` config, from configs only (no weight is read or allocated)."""
+    from csd.adapters.base import resolve_dtype
+
+    family = FAMILIES.get(model._target_.rsplit(".", 1)[-1])
+    if family is None:
+        raise ValueError(f"model={model.name}: the memory planner knows no shapes for {model._target_}")
+    dtype = resolve_dtype(model.dtype)
+    parts = family(model)
+    weights = module_bytes(parts["model"], dtype) + parts.get("extra_bytes", 0)  # Lumina's VQGAN decoder runs in fp32
+    return ModelShape(
+        name=model.name, weight_bytes=weights, **decoder_dims(parts["text"]), logit_columns=parts["logit_columns"],
+        image_vocab=parts["image_vocab"], body_len=parts["body_len"], prompt_len=parts["prompt_len"],
+        cfg_rows=2 if model.guidance_scale != 1 else 1, dtype_bytes=torch.empty(0, dtype=dtype).element_size(),
+        source=parts["source"],
+    )
+
+
+def activation_bytes(shape: ModelShape, q: int, keys: int) -> int:
+    """Transient bytes of one slot's forward of ``q`` tokens over ``keys`` cache entries: per CFG row and token, in the
+    model dtype, the hidden states and projections (6 x hidden), the MLP (3 x intermediate), the attention scores
+    (heads x keys, materialised by the non-fused kernels) and the raw logits; then ``FP32_COPIES`` fp32 tensors of
+    ``[q, image vocab]`` for the target and the verification."""
+    per_token = 6 * shape.hidden + 3 * shape.intermediate + shape.heads * keys + shape.logit_columns
+    return shape.cfg_rows * q * per_token * shape.dtype_bytes + FP32_COPIES * q * shape.image_vocab * 4
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """Bytes of one model decoded with ``window``-token windows: fixed parts, per-slot parts, and the batch that fits."""
+
+    shape: ModelShape
+    window: int
+    compiled: bool
+    device_type: str
+    cache_len: int
+    kv_per_slot: int
+    activations_per_slot: int
+    prefill_activations: int
+    compile_per_slot: int
+    gumbel_per_slot: int
+    reserve: int
+
+    def total(self, batch: int) -> int:
+        """Planned peak bytes at ``batch`` slots: weights, reserve, every slot's KV cache (and compiled, its share of
+        the graphs' memory), and the larger transient: every slot's window forward, or one slot's prefill."""
+        held = self.shape.weight_bytes + self.reserve + batch * (self.kv_per_slot + self.compile_per_slot
+                                                                 + self.gumbel_per_slot)
+        return held + max(batch * self.activations_per_slot, self.prefill_activations)
+
+    def max_batch(self, memory_bytes: float) -> int:
+        """The largest batch (at most ``MAX_BATCH``) whose :meth:`total` fits ``memory_bytes``; 0: not one image."""
+        return next((b for b in range(MAX_BATCH, 0, -1) if self.total(b) <= memory_bytes), 0)
+
+
+def plan_memory(shape: ModelShape, window: int, compiled: bool, device_type: str, gumbel: bool = False) -> MemoryPlan:
+    """The :class:`MemoryPlan` of ``shape`` (the formulas of the module docstring); ``gumbel``: the chain drafter's
+    Gumbel sharing holds one fp32 ``Exp(1)`` vector per body position per image."""
+    cache_len = default_cache_len(shape.prompt_len - 1, shape.body_len)  # the prompt's last token is the first anchor
+    kv = shape.cfg_rows * cache_len * shape.layers * shape.kv_heads * shape.head_dim * 2 * shape.dtype_bytes
+    window_act = activation_bytes(shape, window, cache_len)
+    graphs = activation_bytes(shape, window, cache_len) + activation_bytes(shape, 1, cache_len) if compiled else 0
+    return MemoryPlan(
+        shape=shape, window=window, compiled=compiled, device_type=device_type, cache_len=cache_len,
+        kv_per_slot=kv, activations_per_slot=window_act, prefill_activations=activation_bytes(shape, shape.prompt_len,
+                                                                                              shape.prompt_len),
+        compile_per_slot=graphs, gumbel_per_slot=shape.body_len * shape.image_vocab * 4 if gumbel else 0, reserve=int(CUDA_RESERVE_GB * GB) if device_type == "cuda" else 0,
+    )
+
+
+def available_memory(device: torch.device) -> int:
+    """Free bytes of ``device``: CUDA's free memory, or the machine's available RAM (``MemAvailable``) on CPU."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    meminfo = Path("/proc/meminfo")
+    if meminfo.exists():
+        fields = dict(line.split(":", 1) for line in meminfo.read_text().splitlines() if ":" in line)
+        return int(fields["MemAvailable"].split()[0]) * 1024
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def gb(n: float) -> str:
+    """Bytes as GB, with three significant digits below 1 GB."""
+    return f"{n / GB:.2f}" if n >= GB else f"{n / GB:.3g}"
+
+
+def describe_plan(plan: MemoryPlan, memory_bytes: float, memory_source: str) -> str:
+    """The plan's numbers, one per line, and the batch that fits ``memory_bytes``."""
+    s = plan.shape
+    fit = plan.max_batch(memory_bytes)
+    lines = [
+        f"memory plan: model={s.name} ({s.source}), window {plan.window}, "
+        f"{'compiled' if plan.compiled else 'eager'}, {plan.device_type}",
+        f"  weights                {gb(s.weight_bytes):>9} GB",
+        f"  KV cache per image     {gb(plan.kv_per_slot):>9} GB  = {s.cfg_rows} CFG rows x {plan.cache_len} entries x "
+        f"{s.layers} layers x {s.kv_heads} KV heads x {s.head_dim} head dim x 2 x {s.dtype_bytes} B",
+        f"  activations per image  {gb(plan.activations_per_slot):>9} GB  (window forward; prefill of one image: "
+        f"{gb(plan.prefill_activations)} GB)",
+        f"  compile workspace      {gb(plan.compile_per_slot):>9} GB per image + reserve {gb(plan.reserve)} GB",
+        *([f"  Gumbel noise per image {gb(plan.gumbel_per_slot):>9} GB"] if plan.gumbel_per_slot else []),
+        f"  memory                 {gb(memory_bytes):>9} GB  ({memory_source})",
+        f"  largest engine.batch_size that fits: {fit}" + ("" if fit else " (not even one image: the model does not fit)"),
+    ]
+    return "\n".join(lines)
+
+
+def plan_table(models: list[DictConfig], window: int, compiled: bool, sizes: tuple[int, ...] = TABLE_GB) -> str:
+    """Markdown table: each model's weights, per-image bytes and the batch that fits each device size (GB, CUDA)."""
+    head = "| model | weights GB | KV / image GB | activations / image GB | " + " | ".join(f"B @ {g} GB" for g in sizes)
+    lines = [head + " |", "|---" * (4 + len(sizes)) + "|"]
+    for model in models:
+        plan = plan_memory(model_shape(model), window, compiled, "cuda")
+        fits = " | ".join(str(b) if (b := plan.max_batch(g * GB)) < MAX_BATCH else f">= {MAX_BATCH}" for g in sizes)
+        lines.append(f"| {model.name} | {gb(plan.shape.weight_bytes)} | {gb(plan.kv_per_slot)} | "
+                     f"{gb(plan.activations_per_slot)} | {fits} |")
+    return "\n".join(lines)
+
+
+def config_plan(cfg: DictConfig) -> tuple[MemoryPlan, float, str]:
+    """The plan of a run's config, its memory budget in bytes and where that number comes from."""
+    from csd.config import resolve_device
+
+    device = resolve_device(cfg.device)
+    gumbel = cfg.drafter.get("coupling") == "gumbel"
+    plan = plan_memory(model_shape(cfg.model), cfg.drafter.window, cfg.engine.compile, device.type, gumbel)
+    if cfg.engine.memory_gb is not None:
+        return plan, cfg.engine.memory_gb * GB, "engine.memory_gb"
+    what = "free memory of " + str(device) if device.type == "cuda" else "available RAM"
+    return plan, available_memory(device), what
+
+
+def resolve_batch_size(cfg: DictConfig) -> None:
+    """``engine.batch_size=auto``: set it to the plan's largest batch (at least 1), logged; ints stay."""
+    import logging
+
+    from csd.config import ConfigError
+
+    if cfg.engine.batch_size != "auto":
+        return
+    plan, memory, source = config_plan(cfg)
+    batch = plan.max_batch(memory)
+    if batch < 1:
+        raise ConfigError(f"engine.batch_size=auto: model={cfg.model.name} needs {gb(plan.total(1))} GB for one image, "
+                          f"more than the {gb(memory)} GB of {source}")
+    logging.getLogger("csd").info("engine.batch_size=auto -> %d (%s GB planned of %s GB, %s)", batch,
+                                  gb(plan.total(batch)), gb(memory), source)
+    cfg.engine.batch_size = batch
+
+
+def preset_configs() -> list[DictConfig]:
+    """Every ``conf/model/`` preset."""
+    from csd.config import CONF_DIR
+
+    return [OmegaConf.load(p) for p in sorted((CONF_DIR / "model").glob("*.yaml"))]
+
+
+def main() -> None:
+    """``python -m csd.plan``: the table of every preset (SJD's window 16 and 32, eager and compiled) on CUDA sizes."""
+    models = preset_configs()
+    for window, compiled in ((16, False), (16, True), (32, True)):
+        print(f"\n### window {window}, {'compiled' if compiled else 'eager'}\n")
+        print(plan_table(models, window, compiled))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,316 @@
+"""One GPU check (docs/PERFORMANCE.md, "On a GPU"): everything a session with a lent GPU must measure, in one call.
+
+A Janus-Pro-7B-shaped model with random bf16 weights (the shape of ``csd.plan.REAL_SHAPES``, nothing downloaded)
+on the compiled path (inductor, CUDA graphs) and the eager one:
+
+* ``floor``: the memory-bandwidth floor per step, step weights / 4.8 TB/s (the H200's HBM3e bandwidth, NVIDIA's
+  H200 datasheet), and the same with the measured copy rate;
+* ``steps``: per-step time of ``q = 1`` and ``q = L`` forwards, eager and compiled (``bench_latency.step_times``);
+* ``agreement``: compiled vs eager tokens of the same AR and SJD images (share of equal positions, NFE);
+* ``images``: AR, SJD and CSD image latency and ms per iteration on the compiled path (``bench_latency.engine_times``);
+* ``throughput``: SJD images/s at B = 1 / 4 / 16 on the compiled path (``bench_throughput.bench_method``);
+* ``memory``: the peak of ``torch.cuda.max_memory_allocated`` during the throughput part vs the memory plan
+  (``csd.plan``) at the largest B;
+* ``overhead``: CSD's cost over SJD per iteration: ``verify_window`` on the same ``[L, V]`` tensors
+  (``bench_latency.verify_times``); ``images`` also reports the difference of their ms per iteration.
+
+Random weights give a near-uniform target, so Jacobi acceptance, NFE and step compression mean nothing here: the SJD
+and CSD image latencies are ms per iteration x the iterations random weights happen to need; judge them by ms per
+iteration (per-iteration cost), which does not depend on the weights. Each part runs on its own: an error is recorded
+in the results (type, message, last traceback lines) and the next part runs; a part started after ``--budget-s``
+is skipped and says so. Every part's result and the targets (:data:`TARGETS`), measured value next to target, go to
+``<out>/gpu_check_<model>_<device>.json`` and ``.md`` (default ``results/bench``; ``--smoke``: ``runs/bench``).
+
+GPU (one H200, <= 8 min, of which ~130 s compile)::
+
+    HF_HUB_OFFLINE=1 python -m experiments.gpu_check
+
+CPU smoke run (the same parts, the tiny Janus in fp32, ``aot_eager``, seconds; tests/engine/test_gpu_check.py)::
+
+    python -m experiments.gpu_check --smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import OmegaConf
+
+from csd.acceptance import CSD, SJD
+from csd.config import CONF_DIR, resolve_device
+from csd.drafters import ChainDrafter
+from csd.engine import JacobiEngine
+from csd.fast import CompiledStep
+from csd.plan import GB, model_shape, module_bytes, plan_memory
+from experiments import bench_latency, bench_throughput
+
+#: NVIDIA H200 HBM3e memory bandwidth, bytes/s (NVIDIA H200 Tensor Core GPU datasheet: 4.8 TB/s)
+H200_BANDWIDTH = 4.8e12
+#: in the order they run: the cheap ones first, throughput (a compilation per batch size) last but the memory it feeds
+PARTS = ("floor", "steps", "overhead", "images", "agreement", "throughput", "memory")
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What one check runs: the full GPU check or the CPU smoke run."""
+
+    model: str
+    dtype: str
+    window: int
+    backend: str
+    warmup: int
+    steps: int
+    verify_reps: int
+    batch_sizes: tuple[int, ...]
+    budget_s: float
+
+
+FULL = Setup("janus_pro_7b", "bfloat16", 32, "inductor", 3, 30, 200, (1, 4, 16), 420.0)
+SMOKE = Setup("janus_pro_tiny", "float32", 8, "aot_eager", 1, 3, 20, (1, 4, 16), 600.0)
+
+
+@dataclass
+class Check:
+    """The model under test and the results so far (part name -> result)."""
+
+    setup: Setup
+    device: torch.device
+    adapter: Any = None
+    prompt: str = ""
+    compiled: CompiledStep | None = None
+    results: dict[str, Any] = field(default_factory=dict)
+
+    def needs(self, part: str) -> dict[str, Any]:
+        """The result of a part this one builds on; an error when that part failed or did not run."""
+        result = self.results.get(part, {})
+        if not result.get("ok"):
+            raise RuntimeError(f"needs the {part} part, which did not succeed")
+        return result["result"]
+
+
+def build_model(check: Check) -> dict[str, Any]:
+    """The random-weight model (``bench_latency.base_adapter``) and its compiled step, one cache length for all."""
+    s = check.setup
+    args = argparse.Namespace(model=s.model, dtype=s.dtype, weights=False, path=None, prompt_len=64)
+    adapter, weights, prompt = bench_latency.base_adapter(args, check.device)
+    prompt_tokens = int(adapter.prompt_rows(prompt).shape[1])
+    max_cache_len = -(-(prompt_tokens + adapter.layout.length + s.window) // 64) * 64
+    check.adapter, check.prompt = adapter, prompt
+    check.compiled = CompiledStep(adapter, max_cache_len, s.backend)
+    return {"weights": weights, "weight_gb": module_bytes(adapter.model) / GB, "dtype": s.dtype,
+            "prompt_tokens": prompt_tokens, "body_tokens": adapter.layout.length, "max_cache_len": max_cache_len}
+
+
+def floor(check: Check) -> dict[str, Any]:
+    step_bytes = bench_latency.step_weight_bytes(check.adapter.model)
+    rate = bench_latency.copy_rate(check.device, (1 << 30) if check.device.type == "cuda" else (64 << 20))
+    return {"step_weight_gb": step_bytes / GB, "h200_tb_s": H200_BANDWIDTH / 1e12,
+            "floor_ms": 1e3 * step_bytes / H200_BANDWIDTH, "copy_tb_s": rate / 1e12,
+            "floor_measured_copy_ms": 1e3 * step_bytes / rate}
+
+
+def steps(check: Check) -> dict[str, Any]:
+    s, out = check.setup, {}
+    for path, compiled in (("eager", None), ("compiled", check.compiled)):
+        out[path] = bench_latency.step_times(check.adapter, compiled, check.prompt, s.window, s.warmup, s.steps)
+    q1, ql = (out["compiled"][f"q{q}"]["median_ms"] for q in (1, s.window))
+    out["compiled_verify_over_step"] = ql / q1
+    if check.results.get("floor", {}).get("ok"):  # how far the compiled step is from the bandwidth floor
+        out["compiled_step_over_floor"] = q1 / check.results["floor"]["result"]["floor_ms"]
+    return out
+
+
+def agreement(check: Check) -> dict[str, Any]:
+    """The same image (seed 0) on both paths: share of positions with equal tokens, and each path's NFE."""
+    out = {}
+    for name, window in (("ar", 1), ("sjd", check.setup.window)):
+        gens = [JacobiEngine(check.adapter, SJD(), ChainDrafter(window=window), compiled=c).generate(check.prompt, 0)
+                for c in (None, check.compiled)]
+        equal = (gens[0].tokens == gens[1].tokens).float().mean().item()
+        out[name] = {"equal_share": equal, "nfe_eager": gens[0].nfe, "nfe_compiled": gens[1].nfe}
+    return out
+
+
+def images(check: Check) -> dict[str, Any]:
+    window = check.setup.window
+    rules = {"ar": (SJD(), 1), "sjd": (SJD(), window), "csd": (CSD(lam=0.1, delta=0.5), window)}
+    # no warm-up image: the steps part has captured both shapes on this cache length
+    out = {name: bench_latency.engine_times(check.adapter, check.compiled, rule, w, check.prompt, 1, 0)
+           for name, (rule, w) in rules.items()}
+    out["csd_minus_sjd_ms_per_iteration"] = out["csd"]["ms_per_iteration"] - out["sjd"]["ms_per_iteration"]
+    return out
+
+
+def throughput(check: Check) -> dict[str, Any]:
+    """SJD images/s per B on the compiled path (B timed images after one untimed, which compiles the B's shapes), and
+    the allocator's peak."""
+    s = check.setup
+    if check.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(check.device)
+    # one untimed image per B first: it compiles that B's shapes
+    args = argparse.Namespace(batch_sizes=list(s.batch_sizes), warmup=1, images=1, rounds=1)
+    by_batch = bench_throughput.bench_method(check.adapter, SJD(), s.window, [check.prompt], args,
+                                             lambda text: print(f"  {text}", flush=True), check.compiled)
+    peak = torch.cuda.max_memory_allocated(check.device) if check.device.type == "cuda" else None
+    first, last = by_batch[s.batch_sizes[0]], by_batch[s.batch_sizes[-1]]
+    return {"batches": by_batch, "largest_over_first": last["images_per_s"] / first["images_per_s"],
+            "peak_bytes": peak}
+
+
+def memory(check: Check) -> dict[str, Any]:
+    """The plan at the throughput part's largest B (compiled) next to the measured peak (CUDA only)."""
+    s, peak = check.setup, check.needs("throughput")["peak_bytes"]
+    plan = plan_memory(model_shape(OmegaConf.load(CONF_DIR / "model" / f"{s.model}.yaml")), s.window, True,
+                       check.device.type)
+    planned = plan.total(s.batch_sizes[-1])
+    return {"batch": s.batch_sizes[-1], "plan_gb": planned / GB, "plan_weights_gb": plan.shape.weight_bytes / GB,
+            "plan_kv_per_image_gb": plan.kv_per_slot / GB,
+            "measured_gb": None if peak is None else peak / GB, "measured_over_plan": None if peak is None else peak / planned,
+            "note": None if peak is not None else "no allocator peak on CPU: only the plan"}
+
+
+def overhead(check: Check) -> dict[str, Any]:
+    s = check.setup
+    rules = {"sjd": SJD(), "csd": CSD(lam=0.1, delta=0.5)}
+    ver = bench_latency.verify_times(check.adapter.vocab_size, s.window, check.device, s.verify_reps, rules)
+    return {"verify_sjd_ms": ver["sjd"], "verify_csd_ms": ver["csd"], "csd_overhead_ms": ver["csd"] - ver["sjd"]}
+
+
+RUNNERS: dict[str, Callable[[Check], dict[str, Any]]] = {
+    "floor": floor, "steps": steps, "agreement": agreement, "images": images, "throughput": throughput,
+    "memory": memory, "overhead": overhead,
+}
+
+
+@dataclass(frozen=True)
+class Target:
+    """A number the check is judged against: the value at ``path`` in the results, at most (or at least) ``bound``."""
+
+    name: str
+    path: tuple[str, ...]
+    bound: float
+    at_most: bool
+    unit: str
+
+    def judge(self, results: dict[str, Any]) -> dict[str, Any]:
+        part, *keys = self.path
+        value: Any = results.get(part, {}).get("result")
+        for key in keys:
+            value = value.get(key) if isinstance(value, dict) else None
+        passed = None if value is None else (value <= self.bound if self.at_most else value >= self.bound)
+        sign = "<=" if self.at_most else ">="
+        return {"target": self.name, "measured": value, "bound": f"{sign} {self.bound} {self.unit}", "passed": passed}
+
+
+TARGETS = (
+    Target("AR step (7B), compiled, q = 1", ("steps", "compiled", "q1", "median_ms"), 4.0, True, "ms"),
+    Target("verify of L (32) tokens / single step, compiled", ("steps", "compiled_verify_over_step"), 1.15, True, "x"),
+    Target("CSD overhead over SJD per iteration", ("overhead", "csd_overhead_ms"), 0.1, True, "ms"),
+    Target("B = 16 / B = 1 throughput, SJD compiled", ("throughput", "largest_over_first"), 4.0, False, "x"),
+)
+
+
+def run_part(check: Check, name: str, runner: Callable[[Check], dict[str, Any]], start: float) -> None:
+    """Run one part into ``check.results[name]``: its result and seconds, or its error; skipped past the budget."""
+    elapsed = time.perf_counter() - start
+    print(f"[{elapsed:6.1f} s] {name}", flush=True)
+    if name != "model" and elapsed > check.setup.budget_s:
+        check.results[name] = {"ok": False, "error": f"skipped: {elapsed:.0f} s elapsed > budget {check.setup.budget_s:.0f} s"}
+        return
+    began = time.perf_counter()
+    try:
+        if name != "model":
+            check.needs("model")
+        check.results[name] = {"ok": True, "result": runner(check)}
+    except Exception as err:  # noqa: BLE001 - a failing part is recorded and the check goes on
+        tail = traceback.format_exc().strip().splitlines()[-6:]
+        check.results[name] = {"ok": False, "error": f"{type(err).__name__}: {err}", "traceback": tail}
+        print(f"  failed: {type(err).__name__}: {err}", flush=True)
+    check.results[name]["seconds"] = time.perf_counter() - began
+
+
+def fmt(value: Any) -> str:
+    return "-" if value is None else f"{value:.3f}" if isinstance(value, float) else str(value)
+
+
+def part_summary(name: str, result: dict[str, Any]) -> str:
+    """One cell: a part's main numbers (per path, method or batch size for the nested ones)."""
+    if name == "steps":
+        paths = [f"{path}: q = 1 {r['q1']['median_ms']:.2f} ms, q = L "
+                 f"{next(v['median_ms'] for k, v in r.items() if k.startswith('q') and k != 'q1'):.2f} ms, "
+                 f"first calls {r['q1']['first_call_s']:.1f} s" for path, r in result.items() if isinstance(r, dict)]
+        ratios = [f"{k}: {result[k]:.2f}" for k in ("compiled_verify_over_step", "compiled_step_over_floor") if k in result]
+        return "; ".join(paths + ratios)
+    if name == "agreement":
+        return "; ".join(f"{m}: {r['equal_share']:.3f} of tokens equal, NFE {r['nfe_eager']} / {r['nfe_compiled']}"
+                         for m, r in result.items())
+    if name == "images":
+        return "; ".join([f"{m}: {r['ms_per_iteration']:.2f} ms/iteration, NFE {r['nfe']:.0f}, {r['latency_s']:.2f} s"
+                          for m, r in result.items() if isinstance(r, dict)]
+                         + [f"CSD - SJD: {result['csd_minus_sjd_ms_per_iteration']:.2f} ms/iteration"])
+    if name == "throughput":
+        return "; ".join(f"B = {b}: {r['images_per_s']:.2f} images/s" for b, r in result["batches"].items())
+    return ", ".join(f"{k}: {fmt(v)}" for k, v in result.items())
+
+
+def markdown(res: dict[str, Any]) -> str:
+    """The summary: targets next to the measured values, then each part's status and main numbers."""
+    meta = res["meta"]
+    lines = [f"## GPU check: {meta['model']} (random weights), {meta['dtype']}, {meta['device_name']}"
+             f"{' (smoke run: targets not judged)' if meta['smoke'] else ''}", "",
+             f"torch {meta['torch']}, window L = {meta['window']}, backend {meta['backend']}, {meta['wall_s']:.0f} s.",
+             "", "| target | measured | bound | passed |", "|---|---|---|---|"]
+    lines += [f"| {t['target']} | {fmt(t['measured'])} | {t['bound']} | {fmt(t['passed'])} |" for t in res["targets"]]
+    lines += ["", "| part | status | seconds | result |", "|---|---|---|---|"]
+    for name, part in res["parts"].items():
+        status = "ok" if part["ok"] else f"**failed**: {part['error']}"
+        summary = part_summary(name, part["result"]) if part["ok"] else ""
+        lines.append(f"| {name} | {status} | {fmt(part.get('seconds'))} | {summary} |")
+    lines += ["", "Random weights: the target law is near uniform, so NFE and step compression are meaningless; SJD and "
+              "CSD are judged by ms per iteration."]
+    return "\n".join(lines) + "\n"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--smoke", action="store_true", help="CPU: the same parts on the tiny Janus (fp32, aot_eager)")
+    p.add_argument("--out", type=Path, help="results directory (default results/bench; --smoke: runs/bench)")
+    p.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated subset of {','.join(PARTS)}")
+    args = p.parse_args(argv)
+    args.parts = args.parts.split(",")
+    unknown = sorted(set(args.parts) - set(PARTS))
+    if unknown:
+        p.error(f"--parts: unknown {unknown}; choose from {', '.join(PARTS)}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    setup = SMOKE if args.smoke else FULL
+    device = torch.device("cpu") if args.smoke else resolve_device("auto")
+    out = args.out or Path("runs/bench" if args.smoke else "results/bench")
+    torch.compiler.reset()
+    check, start = Check(setup, device), time.perf_counter()
+    for name, runner in (("model", build_model), *((p, RUNNERS[p]) for p in PARTS if p in args.parts)):
+        run_part(check, name, runner, start)
+    res = {
+        "meta": {"model": setup.model, "dtype": setup.dtype, "window": setup.window, "backend": setup.backend,
+                 "smoke": args.smoke, "device": device.type, "torch": torch.__version__,
+                 "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+                 "batch_sizes": list(setup.batch_sizes), "wall_s": time.perf_counter() - start},
+        "targets": [t.judge(check.results) for t in TARGETS],
+        "parts": check.results,
+    }
+    bench_latency.write_results(res, out / f"gpu_check_{setup.model}_{device.type}", markdown(res))
+    return res
+
+
+if __name__ == "__main__":
+    main()

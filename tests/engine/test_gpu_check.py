@@ -1,0 +1,55 @@
+"""The one GPU check command (experiments/gpu_check.py) in its CPU smoke form: every part runs on the tiny Janus and
+lands in the results files next to the targets, and a failing part is recorded while the others run on."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from experiments import gpu_check
+
+
+@pytest.mark.slow
+def test_smoke_run_measures_every_part(tmp_path):
+    res = gpu_check.main(["--smoke", "--out", str(tmp_path)])
+    saved = json.loads((tmp_path / "gpu_check_janus_pro_tiny_cpu.json").read_text())
+    assert list(saved["parts"]) == ["model", *gpu_check.PARTS]
+    assert all(part["ok"] for part in saved["parts"].values()), {k: v.get("error") for k, v in saved["parts"].items()}
+    parts = {name: part["result"] for name, part in res["parts"].items()}
+    assert parts["agreement"]["ar"]["equal_share"] == 1.0  # fp32 on CPU: the compiled path's tokens are the eager ones
+    assert parts["agreement"]["sjd"]["nfe_eager"] == parts["agreement"]["sjd"]["nfe_compiled"]
+    assert set(parts["throughput"]["batches"]) == {1, 4, 16}
+    assert parts["memory"]["plan_gb"] > parts["memory"]["plan_weights_gb"] > 0
+    assert [t["measured"] is not None for t in saved["targets"]] == [True] * len(gpu_check.TARGETS)
+    table = (tmp_path / "gpu_check_janus_pro_tiny_cpu.md").read_text()
+    assert "| AR step (7B), compiled, q = 1 |" in table and "<= 4.0 ms" in table and ">= 4.0 x" in table
+
+
+def test_a_failing_part_is_recorded_and_the_check_goes_on(tmp_path, monkeypatch):
+    def broken(check):
+        raise RuntimeError("forced failure")
+
+    monkeypatch.setitem(gpu_check.RUNNERS, "floor", broken)
+    res = gpu_check.main(["--smoke", "--parts", "floor,memory,overhead", "--out", str(tmp_path)])
+    parts = json.loads((tmp_path / "gpu_check_janus_pro_tiny_cpu.json").read_text())["parts"]
+    assert parts["floor"]["ok"] is False and parts["floor"]["error"] == "RuntimeError: forced failure"
+    assert parts["floor"]["traceback"]
+    assert parts["memory"]["error"] == "RuntimeError: needs the throughput part, which did not succeed"
+    assert parts["overhead"]["ok"] and res["parts"]["overhead"]["result"]["verify_csd_ms"] > 0
+    assert "**failed**: RuntimeError: forced failure" in (tmp_path / "gpu_check_janus_pro_tiny_cpu.md").read_text()
+
+
+def test_unknown_parts_are_one_line(capsys):
+    with pytest.raises(SystemExit):
+        gpu_check.parse_args(["--parts", "floor,warp"])
+    assert "--parts: unknown ['warp']" in capsys.readouterr().err
+
+
+def test_parts_past_the_time_budget_are_skipped_and_say_so(tmp_path, monkeypatch):
+    monkeypatch.setattr(gpu_check, "SMOKE", dataclasses.replace(gpu_check.SMOKE, budget_s=0.0))
+    parts = gpu_check.main(["--smoke", "--parts", "floor,overhead", "--out", str(tmp_path)])["parts"]
+    assert parts["model"]["ok"]
+    for name in ("floor", "overhead"):
+        assert not parts[name]["ok"] and parts[name]["error"].startswith("skipped: "), parts[name]
