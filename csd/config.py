@@ -463,6 +463,8 @@ def _cross_checks(cfg: DictConfig) -> None:
     problem = drafter.problem(2 if auto else cfg.engine.batch_size, cfg.engine.compile)
     _check(problem is None, f"engine.batch_size=auto may choose a batch > 1, but {problem}" if auto else str(problem))
     _check_draft_model(cfg)
+    problem = drafter.model_problem(adapter_class(cfg.model))
+    _check(problem is None, str(problem))
     _check(not cfg.engine.compile or adapter_class(cfg.model).compilable,
            f"engine.compile=true: model={cfg.model.name} has no compiled path; use engine.compile=false")
     rule = OmegaConf.select(cfg, "eval.caption_rule")

@@ -172,7 +172,11 @@ class JacobiEngine:
         if span is not None:
             slots[0].propose_spans.append(span.stop())
         # 2 forward
-        raw = state.forward(proposal.ids, proposal.from_prompt, proposal.active, tree=proposal.tree)
+        if self.drafter.reads_features:
+            raw, proposal.features = state.forward(proposal.ids, proposal.from_prompt, proposal.active,
+                                                   tree=proposal.tree, features=True)
+        else:
+            raw = state.forward(proposal.ids, proposal.from_prompt, proposal.active, tree=proposal.tree)
         # 3 target
         target = self.pipeline(raw[:, :, : proposal.rows])
         target_entropy = entropy(target)

@@ -26,7 +26,7 @@ eager.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -296,12 +296,14 @@ class SlotBatch:
 
     @torch.no_grad()
     def forward(self, ids: torch.Tensor, from_prompt: Sequence[bool], active: Sequence[bool],
-                tree: TreeMask | None = None) -> torch.Tensor:
+                tree: TreeMask | None = None, features: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """One forward of every slot's window ``ids [B, K]`` (column 0 the anchor; the prompt's last token where
         ``from_prompt``): raw logits ``[B, rows, K, V]``, row for row those of :func:`reference_logits`. Inactive
         slots' caches do not advance and their logits are meaningless. A row with an empty prompt has no context for
         its placeholder anchor's prediction: that column is the slot's first row's (under CFG: the prediction is
-        unguided). ``tree``: every slot's window is that tree (``RaggedCache.extend``; eager only)."""
+        unguided). ``tree``: every slot's window is that tree (``RaggedCache.extend``; eager only). ``features``:
+        also return the decoder's last hidden states ``[B, rows, K, D]`` the logits were computed from
+        (``logits = adapter.head(features)``, the same forward), as ``(logits, features)``."""
         slots, k = ids.shape
         if slots != self.slots or self.prompt_tail is None:
             raise ValueError(f"forward needs ids for all {self.slots} slots after a prefill, got {slots}")
@@ -317,17 +319,20 @@ class SlotBatch:
             self.cache.grow(max(self.cache.filled) + k)
         position_ids, mask = self.cache.extend(slice(0, self.cache.rows), k, advance, tree)
         self.ran = list(active)
-        if self.compiled is None:
+        hidden = None
+        if features:
+            hidden = self.adapter.features_step(inputs, self.cache, position_ids, mask)
+            logits = self.adapter.head(hidden)
+        elif self.compiled is None:
             logits = self.adapter.decode_step(inputs, self.cache, position_ids, mask)
         else:  # the compiled step: one graph per window length K (1 or the engine's padded L)
             logits = self.compiled(inputs.contiguous(), self.cache, position_ids, mask)
-        logits = logits.view(slots, rows, k, -1)
         blind = [first and empty for first, row in zip(from_prompt, range(0, self.cache.rows, rows), strict=True)
                  for empty in self.no_prompt[row : row + rows]]
-        if any(blind):
-            blind = to_device(blind, logits.device, torch.bool).view(slots, rows, 1, 1)
-            logits = torch.cat([torch.where(blind, logits[:, :1, :1], logits[:, :, :1]), logits[:, :, 1:]], dim=2)
-        return logits
+        logits = _first_row_where(blind, logits.view(slots, rows, k, -1))
+        if hidden is None:
+            return logits
+        return logits, _first_row_where(blind, hidden.view(slots, rows, k, -1))
 
     def keep(self, q: int, keep: Sequence[Sequence[int]]) -> None:
         """After a tree forward of ``q`` entries, for each slot it advanced: keep the entries ``keep[b]`` (window
@@ -344,6 +349,15 @@ class SlotBatch:
         self.cache.rollback([int(k) * ran for k, ran in zip(n, self.ran, strict=True) for _ in range(self.rows)])
 
 
+def _first_row_where(blind: Sequence[bool], values: torch.Tensor) -> torch.Tensor:
+    """``values [B, rows, K, ...]`` with column 0 of each flagged (slot, row) replaced by the slot's first row's."""
+    if not any(blind):
+        return values
+    slots, rows = values.shape[:2]
+    flags = to_device(blind, values.device, torch.bool).view(slots, rows, 1, 1)
+    return torch.cat([torch.where(flags, values[:, :1, :1], values[:, :, :1]), values[:, :, 1:]], dim=2)
+
+
 @torch.no_grad()
 def reference_logits(adapter: ModelAdapter, prompt: str, ids: torch.Tensor) -> torch.Tensor:
     """The oracle of :meth:`SlotBatch.forward`: the raw logits ``[rows, K + 1, V]`` after ``prompt`` of the body ids
@@ -352,6 +366,20 @@ def reference_logits(adapter: ModelAdapter, prompt: str, ids: torch.Tensor) -> t
     A row with an empty prompt sees only the body (positions from 0); the prediction of its first token, which has
     no context, is the first row's, as :meth:`SlotBatch.forward` defines it.
     """
+    return _full_forward(adapter, adapter.decode_step, prompt, ids)
+
+
+@torch.no_grad()
+def reference_features(adapter: ModelAdapter, prompt: str, ids: torch.Tensor) -> torch.Tensor:
+    """The decoder's last hidden states ``[rows, K + 1, D]`` the logits of :func:`reference_logits` are computed from
+    (``adapter.features_step``; the oracle of ``SlotBatch.forward(features=True)``, and the EAGLE head's training
+    features)."""
+    return _full_forward(adapter, adapter.features_step, prompt, ids)
+
+
+def _full_forward(adapter: ModelAdapter, step: Callable[..., torch.Tensor], prompt: str, ids: torch.Tensor) -> torch.Tensor:
+    """``step`` (the adapter's decode or features step) over each CFG row's prompt + ``ids``, the last ``K + 1``
+    columns (an empty row's first column is the first row's)."""
     prompt_rows = list(adapter.prompt_inputs(prompt))
     body = adapter.body_inputs(ids.to(adapter.device).view(1, -1))[0]
     out = []
@@ -359,8 +387,8 @@ def reference_logits(adapter: ModelAdapter, prompt: str, ids: torch.Tensor) -> t
         sequence = torch.cat([row, body]).unsqueeze(0)
         n = sequence.shape[1]
         if n:
-            logits = adapter.decode_step(sequence, None, torch.arange(n, device=adapter.device)[None], None)[0]
+            values = step(sequence, None, torch.arange(n, device=adapter.device)[None], None)[0]
         if row.shape[0] == 0:  # no prompt: the first prediction is the first row's, then the body's own
-            logits = torch.cat([out[0][:1], logits]) if n else out[0][:1]
-        out.append(logits[-(ids.numel() + 1):])
+            values = torch.cat([out[0][:1], values]) if n else out[0][:1]
+        out.append(values[-(ids.numel() + 1):])
     return torch.stack(out)

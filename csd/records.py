@@ -73,7 +73,7 @@ class ImageRecord:
     the same uniform. ``filter_checks`` / ``filter_passes``: CSD's TV filter on verified drafts.
     ``residual_fallbacks``: replacements drawn from the rule's fallback law because its residual had no
     mass (LANTERN's ``code_parity``: uniform over the codes; 0 in records made before the counter).
-    ``drafter_forwards``: forwards of the drafter's own model (``drafter=draft_model``; 0 for drafters without one and
+    ``drafter_forwards``: forwards of the drafter's own model (``drafter=draft_model``; the EAGLE head's, ``drafter=eagle``; 0 for drafters without one and
     in records made before the counter); ``nfe`` counts the target's only.
     Per body position: ``commit_iter`` (iteration that committed it), ``commit_kind``
     (COMMIT_* above), ``entropy`` (nats of the processed target distribution it was committed under).

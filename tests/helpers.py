@@ -286,8 +286,8 @@ def decode_counts(engine: JacobiEngine) -> Iterator[DecodeCounts]:
             carried.append(min(slot.draft.carried.numel(), w.tree.spine - 1))
             trees.append((w, False))
         else:
-            rows.append(w.rows)
-            carried.append(min(slot.draft.carried.numel(), w.rows - 1))
+            rows.append(w.rows)  # a drafter without carried drafts (drafter=eagle) carries none
+            carried.append(min(getattr(slot.draft, "carried", w.drafts[:0]).numel(), w.rows - 1))
         return w
 
     def advance(image, tokens, *args, **kwargs):

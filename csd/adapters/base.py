@@ -16,6 +16,10 @@ nothing about acceptance rules or caches. The contract, in the vocabulary of doc
   the tests' oracle). Turning logits into the target ``q`` is the shared processor pipeline's job
   (``csd.processors``), built from ``sampling``.
 * ``decoder()``: the transformers decoder whose layers the cache serves (its config, dtype, device).
+* Optional, for drafters that read the target's hidden states (``drafter=eagle``): ``features_step`` (the same
+  arguments as ``decode_step``: the decoder's last hidden states ``[N, q, D]``, after its final norm, the vectors the
+  output head reads), ``head(features)`` (raw logits; ``decode_step = head(features_step(...))``) and
+  ``embed(ids [N, K])`` (the input embeddings ``[N, K, D]`` of body token ids).
 * ``decode_images(ids)``, and for some rules ``token_embeddings()`` (GSD) and ``codebook()`` (LANTERN).
 
 ``csd.ragged.SlotBatch`` runs every decode, batch 1 included, on these.
@@ -26,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -113,6 +118,8 @@ class ModelAdapter(ABC):
     raw_image_columns: torch.Tensor | None = None
     #: whether the decode step compiles (``csd.fast.CompiledStep``, ``engine.compile=true``)
     compilable: bool = False
+    #: the shipped EAGLE head file (``drafter=eagle``'s default ``drafter.head``), None: none shipped
+    eagle_head: Path | None = None
 
     @property
     def uses_cfg(self) -> bool:
@@ -139,6 +146,25 @@ class ModelAdapter(ABC):
     @abstractmethod
     def decode_images(self, ids: torch.Tensor) -> torch.Tensor:
         """Body token ids ``[B, layout.length]`` -> uint8 images ``[B, H, W, 3]``."""
+
+    def features_step(self, inputs: torch.Tensor, cache: Any, position_ids: torch.Tensor | None,
+                      attention_mask: torch.Tensor | None) -> torch.Tensor:
+        """The decoder alone: ``inputs [N, q, ...]`` -> its last hidden states ``[N, q, D]`` (after the final norm)."""
+        raise NotImplementedError(f"{type(self).__name__} exposes no hidden states")
+
+    def head(self, features: torch.Tensor) -> torch.Tensor:
+        """The output head: hidden states ``[..., D]`` -> raw logits ``[..., V_raw]``."""
+        raise NotImplementedError(f"{type(self).__name__} exposes no output head")
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """Input embeddings ``[N, K, D]`` of body token ids ``[N, K]`` (what the decoder's first layer reads)."""
+        raise NotImplementedError(f"{type(self).__name__} exposes no input embeddings")
+
+    @classmethod
+    def exposes_features(cls) -> bool:
+        """Whether :meth:`features_step`, :meth:`head` and :meth:`embed` are implemented (known before any weight
+        loads)."""
+        return cls.features_step is not ModelAdapter.features_step
 
     def token_embeddings(self) -> torch.Tensor:
         """``[vocab_size, D]`` input embeddings of the image codes (GSD's embedding threshold)."""

@@ -59,11 +59,20 @@ class JanusAdapter(ModelAdapter):
     def decode_step(self, embeds: torch.Tensor, cache: RaggedCache | None, position_ids: torch.Tensor | None = None,
                     attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Language model + image head: ``[rows, q, D]`` embeddings -> ``[rows, q, vocab_size]`` logits."""
-        hidden = self.model.model.language_model(
+        return self.head(self.features_step(embeds, cache, position_ids, attention_mask))
+
+    def features_step(self, embeds: torch.Tensor, cache: RaggedCache | None, position_ids: torch.Tensor | None = None,
+                      attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        return self.model.model.language_model(
             inputs_embeds=embeds, cache=cache, position_ids=position_ids, attention_mask=attention_mask,
             use_cache=cache is not None,
-        )
-        return self.model.model.generation_head(hidden.last_hidden_state)
+        ).last_hidden_state
+
+    def head(self, features: torch.Tensor) -> torch.Tensor:
+        return self.model.model.generation_head(features)
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.body_inputs(ids)
 
     def decoder(self) -> PreTrainedModel:
         return self.model.model.language_model

@@ -77,11 +77,20 @@ class CFGRowsAdapter(ModelAdapter):
     def decode_step(self, ids: torch.Tensor, cache: RaggedCache | None, position_ids: torch.Tensor | None,
                     attention_mask: torch.Tensor | None) -> torch.Tensor:
         """Decoder + full-vocabulary head: ``[N, q]`` ids -> ``[N, q, V_raw]`` logits."""
-        hidden = self.base(
+        return self.head(self.features_step(ids, cache, position_ids, attention_mask))
+
+    def features_step(self, ids: torch.Tensor, cache: RaggedCache | None, position_ids: torch.Tensor | None,
+                      attention_mask: torch.Tensor | None) -> torch.Tensor:
+        return self.base(
             input_ids=ids, cache=cache, position_ids=position_ids, attention_mask=attention_mask,
             use_cache=cache is not None,
         ).last_hidden_state
-        return self.lm_head(hidden)
+
+    def head(self, features: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(features)
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.base.get_input_embeddings()(self.body_inputs(ids))
 
 
 @dataclass(frozen=True)

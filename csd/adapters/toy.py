@@ -12,7 +12,7 @@ from transformers import LlamaForCausalLM, LlamaModel
 
 from csd.adapters.base import BodyLayout, MissingWeightsError, ModelAdapter, SamplingConfig
 from csd.ragged import RaggedCache
-from csd.toy import LM_DIR, TOKENIZER_FILE
+from csd.toy import EAGLE_HEAD_FILE, LM_DIR, TOKENIZER_FILE
 from csd.toy.model import load_toy_lm
 from csd.toy.tokenizer import GRID, PatchTokenizer
 from csd.toy.vocab import N_TEXT, encode_caption
@@ -26,6 +26,7 @@ class ToyAdapter(ModelAdapter):
     """Drives the toy LM; rows are ``[cond, uncond]`` under CFG (the null caption has the caption's length)."""
 
     compilable = True
+    eagle_head = EAGLE_HEAD_FILE
 
     def __init__(self, lm: LlamaForCausalLM, tokenizer: PatchTokenizer, sampling: SamplingConfig,
                  device: str | torch.device = "cpu") -> None:
@@ -40,10 +41,19 @@ class ToyAdapter(ModelAdapter):
     def decode_step(self, ids: torch.Tensor, cache: RaggedCache | None, position_ids: torch.Tensor | None = None,
                     attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """LM + the image-code columns of its head: ``[rows, q]`` ids -> ``[rows, q, vocab_size]`` logits."""
-        hidden = self.lm.model(
+        return self.head(self.features_step(ids, cache, position_ids, attention_mask))
+
+    def features_step(self, ids: torch.Tensor, cache: RaggedCache | None, position_ids: torch.Tensor | None = None,
+                      attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        return self.lm.model(
             input_ids=ids, cache=cache, position_ids=position_ids, attention_mask=attention_mask, use_cache=cache is not None
         ).last_hidden_state
-        return self.lm.lm_head(hidden)[..., N_TEXT:N_TEXT + self.vocab_size]
+
+    def head(self, features: torch.Tensor) -> torch.Tensor:
+        return self.lm.lm_head(features)[..., N_TEXT:N_TEXT + self.vocab_size]
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.lm.model.embed_tokens(self.body_inputs(ids))
 
     def decoder(self) -> LlamaModel:
         return self.lm.model

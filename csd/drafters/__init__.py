@@ -1,8 +1,8 @@
 """Drafters: the second plug-in axis of the engine, next to the acceptance rule (``csd.drafters.base``).
 
 ``chain``: the Jacobi window of SJD and its variants (init, coupling, recorded law); ``pac_tree``: SJD-PAC's tree
-windows; ``draft_model``: a separate small model's drafts (classic speculative sampling). Any rule runs with any
-drafter.
+windows; ``draft_model``: a separate small model's drafts (classic speculative sampling); ``eagle``: a chain of drafts
+from a trained EAGLE head. Any rule runs with any drafter.
 """
 
 from csd.drafters.base import (
@@ -17,10 +17,12 @@ from csd.drafters.base import (
 )
 from csd.drafters.chain import ChainDrafter
 from csd.drafters.draft_model import DraftModelDrafter
+from csd.drafters.eagle import EagleDrafter
 from csd.drafters.pac_tree import PacTreeDrafter
 
 #: drafter name -> class (``conf/drafter/<name>.yaml``)
-DRAFTERS: dict[str, type[Drafter]] = {"chain": ChainDrafter, "pac_tree": PacTreeDrafter, "draft_model": DraftModelDrafter}
+DRAFTERS: dict[str, type[Drafter]] = {"chain": ChainDrafter, "pac_tree": PacTreeDrafter, "draft_model": DraftModelDrafter,
+                                      "eagle": EagleDrafter}
 
 __all__ = ["COUPLINGS", "DRAFTERS", "DRAFT_RECORDS", "INIT_SCHEMES", "STAT_KEYS", "BodyIds", "ChainDrafter",
-           "DraftModelDrafter", "Drafter", "PacTreeDrafter", "Proposal", "Verified"]
+           "DraftModelDrafter", "Drafter", "EagleDrafter", "PacTreeDrafter", "Proposal", "Verified"]

@@ -63,7 +63,9 @@ class BodyIds:
 class Proposal:
     """Every slot's window of one iteration, padded to one shape: ``ids [B, fed]`` (column 0 the anchor; an empty
     slot's row is any token), ``from_prompt [B]`` (the anchor is the prompt's last token), ``active [B]``, ``rows``
-    target rows to read, ``tree`` (tree windows: the attention structure) and the drafter's own per-slot data."""
+    target rows to read, ``tree`` (tree windows: the attention structure) and the drafter's own per-slot data.
+    ``features``: the target's last hidden states of the window ``[B, cfg rows, fed, D]``, which the engine fills in
+    after the forward for a drafter that reads them (:attr:`Drafter.reads_features`), else None."""
 
     ids: torch.Tensor
     from_prompt: list[bool]
@@ -71,6 +73,7 @@ class Proposal:
     rows: int
     tree: TreeMask | None
     windows: list[Any]
+    features: torch.Tensor | None = None
 
     @property
     def fed(self) -> int:
@@ -101,6 +104,8 @@ class Drafter(Parametrized, ABC):
 
     name: str
     group = "drafter"
+    #: the engine hands the target's hidden states of each window to :meth:`refresh` (``Proposal.features``)
+    reads_features = False
     PARAMS = {
         "window": Param(Int(min=1), 16, "L: the last committed token + L - 1 drafts (1 = AR)"),
         "init": Param(Choice(options=INIT_SCHEMES), "random", "fresh drafts: random codes, or copies of the left neighbour"),
@@ -125,6 +130,11 @@ class Drafter(Parametrized, ABC):
 
     def problem(self, batch_size: int, compiled: bool) -> str | None:
         """Why this drafter cannot decode ``batch_size`` images at once (compiled or not), in one line; None if it can."""
+        return None
+
+    def model_problem(self, adapter_class: type[ModelAdapter]) -> str | None:
+        """Why this drafter cannot draft for the models of ``adapter_class``, in one line (checked with the config,
+        before any weight loads); None if it can."""
         return None
 
     def bind(self, adapter: ModelAdapter, body: BodyIds, pad: bool) -> None:
@@ -177,13 +187,18 @@ class Drafter(Parametrized, ABC):
             return torch.full((fresh.numel(), self.vocab), 1.0 / self.vocab, device=self.device)
         return F.one_hot(fresh, self.vocab).float()
 
+    def anchor(self, slot: Slot) -> torch.Tensor:
+        """The window's anchor id ``[1]``: the last committed token (the adapter puts the prompt's last token there
+        when nothing is committed yet)."""
+        n = slot.n
+        return self.body(slot.body[n - 1 : n], n - 1) if n else self.body.image_ids[:1]
+
     def spine(self, slot: Slot, carried: torch.Tensor, carried_probs: torch.Tensor,
               n_drafts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """SJD step 1 for a chain of ``n_drafts`` drafts: the carried drafts topped up with fresh ones. Returns the
         drafts, their recorded laws and the anchor's id (the last committed token; the adapter puts the prompt's
         last token there when nothing is committed yet)."""
-        n = slot.n
-        anchor = self.body(slot.body[n - 1 : n], n - 1) if n else self.body.image_ids[:1]
+        n, anchor = slot.n, self.anchor(slot)
         keep = min(carried.numel(), n_drafts)
         if keep == n_drafts:  # no fresh draft (an AR step, or enough carried ones): no random number is drawn
             return carried[:keep], carried_probs[:keep], anchor

@@ -9,3 +9,5 @@ ASSETS = Path(__file__).parent / "assets"
 TOKENIZER_FILE = ASSETS / "tokenizer.safetensors"
 LM_DIR = ASSETS / "lm"
 CLIP_DIR = ASSETS / "clip"
+#: the EAGLE draft head trained on the toy LM (experiments/train_drafter.py; drafter=eagle)
+EAGLE_HEAD_FILE = ASSETS / "eagle_head.pt"

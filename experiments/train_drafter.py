@@ -1,0 +1,212 @@
+"""Train an EAGLE draft head (``drafter=eagle``) for a target model: docs/DRAFTERS.md, "Training a head".
+
+Usage, from the repository root (run-config overrides choose the model preset and the prompts; the last
+``--val-prompts`` prompts are held out for validation)::
+
+    HF_HUB_OFFLINE=1 PYTHONPATH=. python experiments/train_drafter.py model=toy dataset=toy dataset.split=train \\
+        dataset.n_prompts=136 --out csd/toy/assets/eagle_head.pt
+
+1. collect: AR samples of the target on the training prompts (the engine, ``method=ar``), then one no-cache forward
+   per sample for the target's last hidden states of every position (``csd.ragged.reference_features``; each CFG
+   row is one training sequence). Cached in the checkpoint directory.
+2. train: EAGLE's losses (docs/DRAFTERS.md): smooth L1 between the head's predicted and the target's next feature,
+   plus ``--token-weight`` times the cross-entropy of the head's distribution (the target's own output head over the
+   predicted feature) against the target's distribution; uniform noise on the input features. Resumable: the
+   checkpoint (``--checkpoint``, saved every ``--save-every`` steps and on Ctrl-C) holds the step, the head and the
+   optimiser, and each step's batch and noise come from a generator seeded with (seed, step), so a resumed run is the
+   uninterrupted one.
+3. validate: ``method=sjd drafter=eagle`` on the held-out prompts; the mean accepted length is the tokens committed
+   per target forward (step compression), before and after training.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig
+from tqdm import tqdm
+
+from csd.acceptance import SJD
+from csd.adapters.base import ModelAdapter
+from csd.config import CONF_DIR, build_adapter, load_prompts, resolve_device, validate
+from csd.drafters import ChainDrafter, EagleDrafter
+from csd.drafters.eagle import EagleHead, head_config, load_head, save_head
+from csd.engine import JacobiEngine, Request
+from csd.prompts import Prompt
+from csd.ragged import reference_features
+
+
+def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("overrides", nargs="*", help="run-config overrides: model=..., dataset=..., dataset.n_prompts=...")
+    parser.add_argument("--out", type=Path, required=True, help="the trained head's file")
+    parser.add_argument("--checkpoint", type=Path, default=None, help="checkpoint directory (default: <out>.ckpt)")
+    parser.add_argument("--samples-per-prompt", type=int, default=1, help="AR samples of each training prompt")
+    parser.add_argument("--val-prompts", type=int, default=8, help="the dataset's last prompts, held out")
+    parser.add_argument("--steps", type=int, default=1500)
+    parser.add_argument("--batch", type=int, default=16, help="sequences (CFG rows of samples) per step")
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--token-weight", type=float, default=0.1, help="EAGLE's p_w: weight of the token loss")
+    parser.add_argument("--noise", type=float, default=0.2, help="width of the uniform noise on input features")
+    parser.add_argument("--window", type=int, default=5, help="drafter.window of the validation decode")
+    parser.add_argument("--save-every", type=int, default=200)
+    parser.add_argument("--decode-batch", type=int, default=16, help="images in flight when sampling / validating")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=None)
+    args = parser.parse_args(argv)
+    for key in ("samples_per_prompt", "val_prompts", "steps", "batch", "window", "save_every", "decode_batch"):
+        if getattr(args, key) < (2 if key == "window" else 1):
+            parser.error(f"--{key.replace('_', '-')}={getattr(args, key)} must be >= {2 if key == 'window' else 1}")
+    return args, args.overrides
+
+
+def run_config(overrides: list[str]) -> DictConfig:
+    """The run config of ``overrides`` (validated, as ``run.py`` would)."""
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=["method=ar", "drafter.window=1", *overrides])
+    validate(cfg)
+    return cfg
+
+
+@torch.no_grad()
+def collect(adapter: ModelAdapter, prompts: list[Prompt], samples: int, seed: int, batch: int) -> dict[str, torch.Tensor]:
+    """AR samples of ``prompts``: body ids ``[S, N]`` and the target's features ``[S, rows, N + 1, D]`` (column 0 the
+    prompt's last token's, column ``j`` the body token ``j - 1``'s)."""
+    engine = JacobiEngine(adapter, SJD(), ChainDrafter(window=1), batch_size=batch)
+    requests = [Request(p.text, seed + s, key=i * samples + s) for i, p in enumerate(prompts) for s in range(samples)]
+    ids, features = [None] * len(requests), [None] * len(requests)
+    for request, gen in tqdm(engine.generate_many(requests), total=len(requests), desc="AR samples"):
+        ids[request.key] = gen.tokens.to(adapter.device)
+        features[request.key] = reference_features(adapter, request.prompt, ids[request.key]).cpu()
+    return {"ids": torch.stack(ids).cpu(), "features": torch.stack(features)}
+
+
+def image_logits(adapter: ModelAdapter, features: torch.Tensor) -> torch.Tensor:
+    """The target's output head over ``features`` (cast to the target's dtype), restricted to the image codes (fp32)."""
+    logits = adapter.head(features.to(adapter.decoder().dtype)).float()
+    return logits if adapter.raw_image_columns is None else logits[..., adapter.raw_image_columns.to(logits.device)]
+
+
+def losses(net: EagleHead, adapter: ModelAdapter, ids: torch.Tensor, features: torch.Tensor, noise: torch.Tensor,
+           token_weight: float) -> tuple[torch.Tensor, dict[str, float]]:
+    """EAGLE's loss on sequences ``ids [B, N]``, ``features [B, N + 1, D]``: pairs ``(x_j, f_{j-1} + noise)`` predict
+    ``f_j``; smooth L1 on features + ``token_weight`` x cross-entropy against the target's distribution (the
+    head trains in fp32; the target's modules run in their own dtype, frozen)."""
+    with torch.no_grad():
+        embeds = adapter.embed(ids).to(features.dtype)
+        target = features[:, 1:]
+        target_probs = torch.softmax(image_logits(adapter, target), dim=-1)
+    predicted = net(embeds, features[:, :-1] + noise)
+    feature_loss = F.smooth_l1_loss(predicted.float(), target.float())
+    log_probs = torch.log_softmax(image_logits(adapter, predicted), dim=-1)
+    token_loss = -(target_probs * log_probs).sum(-1).mean()
+    agree = (log_probs.argmax(-1) == target_probs.argmax(-1)).float().mean()
+    loss = feature_loss + token_weight * token_loss
+    return loss, {"loss": loss.item(), "feature": feature_loss.item(), "token": token_loss.item(), "top1": agree.item()}
+
+
+def batch_at(step: int, data: dict[str, torch.Tensor], size: int, noise: float, seed: int,
+             device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Step ``step``'s sequences and input noise, from a generator seeded with (seed, step) alone."""
+    gen = torch.Generator().manual_seed(seed * 1_000_003 + step)
+    samples, rows = data["features"].shape[:2]
+    pick = torch.randint(samples * rows, (size,), generator=gen)
+    features = data["features"][pick // rows, pick % rows]
+    jitter = (torch.rand(features[:, :-1].shape, generator=gen) - 0.5) * noise
+    cast = {"device": device, "dtype": dtype}
+    return data["ids"][pick // rows].to(device), features.to(**cast), jitter.to(**cast)
+
+
+def train(net: EagleHead, adapter: ModelAdapter, data: dict[str, torch.Tensor], args: argparse.Namespace,
+          ckpt: Path) -> list[dict[str, float]]:
+    """Train ``net`` to ``args.steps``, resuming from ``ckpt/state.pt``; returns the per-step losses (all steps)."""
+    optimiser = torch.optim.AdamW(net.parameters(), lr=args.lr, betas=(0.9, 0.95))
+    state_file, step, log = ckpt / "state.pt", 0, []
+    if state_file.exists():
+        state = torch.load(state_file, weights_only=True)
+        net.load_state_dict(state["head"])
+        optimiser.load_state_dict(state["optimiser"])
+        step, log = state["step"], state["log"]
+        print(f"[train] resuming at step {step}", flush=True)
+
+    def save() -> None:
+        torch.save({"step": step, "head": net.state_dict(), "optimiser": optimiser.state_dict(), "log": log}, state_file)
+
+    dtype = next(net.parameters()).dtype
+    net.train()
+    try:
+        with tqdm(total=args.steps, initial=step, desc="train") as bar:
+            while step < args.steps:
+                ids, features, noise = batch_at(step, data, args.batch, args.noise, args.seed, adapter.device, dtype)
+                loss, values = losses(net, adapter, ids, features, noise, args.token_weight)
+                optimiser.zero_grad()
+                loss.backward(inputs=list(net.parameters()))  # the target's head stays frozen
+                torch.nn.utils.clip_grad_value_(net.parameters(), 0.5)
+                optimiser.step()
+                step += 1
+                log.append(values)
+                bar.update(1)
+                bar.set_postfix(loss=f"{values['loss']:.3f}", top1=f"{values['top1']:.2f}")
+                if step % args.save_every == 0:
+                    save()
+    finally:  # an interrupted run keeps every finished step
+        save()
+        net.eval()
+    return log
+
+
+@torch.no_grad()
+def accepted_length(adapter: ModelAdapter, head: Path, prompts: list[Prompt], window: int, batch: int) -> float:
+    """``method=sjd drafter=eagle`` on ``prompts`` (seed 0): tokens committed per target forward."""
+    engine = JacobiEngine(adapter, SJD(), EagleDrafter(window=window, head=str(head)), batch_size=batch)
+    gens = [gen for _, gen in engine.generate_many([Request(p.text, 0) for p in prompts])]
+    return sum(g.tokens.numel() for g in gens) / sum(g.nfe for g in gens)
+
+
+def main(argv: list[str]) -> dict[str, Any]:
+    args, overrides = parse(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    cfg = run_config(overrides)
+    prompts = load_prompts(cfg.dataset)
+    if len(prompts) <= args.val_prompts:
+        raise SystemExit(f"--val-prompts={args.val_prompts} leaves no training prompt of the {len(prompts)} in "
+                         f"dataset={cfg.dataset.name}: raise dataset.n_prompts")
+    train_prompts, val_prompts = prompts[: -args.val_prompts], prompts[-args.val_prompts :]
+    adapter = build_adapter(cfg.model, resolve_device(cfg.device))
+    ckpt = args.checkpoint or args.out.with_name(args.out.name + ".ckpt")
+    ckpt.mkdir(parents=True, exist_ok=True)
+    data_file, start = ckpt / "data.pt", time.perf_counter()
+    if data_file.exists():
+        data = torch.load(data_file, weights_only=True)
+    else:
+        data = collect(adapter, train_prompts, args.samples_per_prompt, args.seed, args.decode_batch)
+        torch.save(data, data_file)
+    torch.manual_seed(args.seed)
+    net = EagleHead(head_config(adapter.decoder().config)).to(adapter.device)  # fp32 weights, whatever the target's
+    meta = {"model": cfg.model.name, "dataset": cfg.dataset.name, "train_prompts": len(train_prompts),
+            "samples_per_prompt": args.samples_per_prompt, "steps": args.steps, "seed": args.seed}
+    untrained = ckpt / "untrained.pt"
+    save_head(net, untrained, meta)
+    log = train(net, adapter, data, args, ckpt)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    save_head(net, args.out, meta)
+    load_head(args.out, adapter)  # the shipped file loads
+    report = {**meta, "seconds": round(time.perf_counter() - start, 1), "first_loss": log[0]["loss"],
+              "last_loss": log[-1]["loss"], "last_top1": log[-1]["top1"],
+              "val_accepted_length_untrained": accepted_length(adapter, untrained, val_prompts, args.window, args.decode_batch),
+              "val_accepted_length": accepted_length(adapter, args.out, val_prompts, args.window, args.decode_batch)}
+    print(json.dumps(report, indent=1), flush=True)
+    return report
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
