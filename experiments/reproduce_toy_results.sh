@@ -13,3 +13,5 @@ python run.py experiment=ablation_lambda_delta model=toy dataset=toy dataset.n_p
 # the matched-compression study (docs/EVALUATION.md#matched-compression-study; docs/RESULTS.md "Is entropy the right
 # signal?"): about 50 min on one thread; resumes after an interruption
 python run.py experiment=entropy_study hydra.run.dir=results/entropy_study
+# drafters on the toy (docs/RESULTS.md "Drafters on the toy"): SJD and LANTERN on the shipped EAGLE head, ~35 min
+python run.py experiment=toy_drafters logger=disabled hydra.sweep.dir=results/toy_drafters

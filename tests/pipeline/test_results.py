@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from csd import Decoder
+from csd.drafters import EagleDrafter
 from csd.records import load_records
 
 RESULTS = Path(__file__).resolve().parents[2] / "results"
@@ -36,8 +37,26 @@ def test_committed_study_run_reproduces_at_batch_1(run):
     test_committed_toy_run_reproduces(STUDY / run / "run.json")
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("run", ["0_sjd", "3_lantern"])
+def test_committed_drafter_run_reproduces(run):
+    """A run on the toy's shipped EAGLE head: the drafter's keys go to drafter.*, the rule's to method.*."""
+    run_json = RESULTS / "toy_drafters" / run / "run.json"
+    info = json.loads(run_json.read_text())
+    record = load_records(run_json.parent)[0]
+    params = dict(info["method_params"])
+    assert params.pop("drafter") == "eagle"
+    overrides = {f"{'drafter' if k in EagleDrafter.PARAMS else 'method'}.{k}": "null" if v is None else v
+                 for k, v in params.items()}
+    dec = Decoder(model="toy", method=info["method"], device="cpu", drafter="eagle", **overrides)
+    _, gen = dec.generate(record["prompt"], seed=record["seed"])
+    assert gen.tokens.tolist() == record["tokens"]
+    assert gen.nfe == record["nfe"]
+
+
 def test_committed_results_exist():
     assert len(RUNS) == 12, "run experiments/reproduce_toy_results.sh"
     assert (RESULTS / "toy_paper/report/table_toy.md").exists()
     assert (RESULTS / "ablation_lambda_delta/report/pareto_toy.png").exists()
+    assert len(list(RESULTS.glob("toy_drafters/*/run.json"))) == 4
     assert (STUDY / "study/study.md").exists() and (STUDY / "study/quality_vs_compression.png").exists()
