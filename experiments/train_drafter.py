@@ -1,4 +1,4 @@
-"""Train an EAGLE draft head (``drafter=eagle``) for a target model: docs/DRAFTERS.md, "Training a head".
+"""Train an EAGLE draft head (``drafter=eagle``) for a target model: docs/DRAFT_HEADS.md, "Training a head".
 
 Usage, from the repository root (run-config overrides choose the model preset and the prompts; the last
 ``--val-prompts`` prompts are held out for validation)::
@@ -9,7 +9,7 @@ Usage, from the repository root (run-config overrides choose the model preset an
 1. collect: AR samples of the target on the training prompts (the engine, ``method=ar``), then one no-cache forward
    per sample for the target's last hidden states of every position (``csd.ragged.reference_features``; each CFG
    row is one training sequence). Cached in the checkpoint directory.
-2. train: EAGLE's losses (docs/DRAFTERS.md): smooth L1 between the head's predicted and the target's next feature,
+2. train: EAGLE's losses (docs/DRAFT_HEADS.md): smooth L1 between the head's predicted and the target's next feature,
    plus ``--token-weight`` times the cross-entropy of the head's distribution (the target's own output head over the
    predicted feature) against the target's distribution; uniform noise on the input features. Resumable: the
    checkpoint (``--checkpoint``, saved every ``--save-every`` steps and on Ctrl-C) holds the step, the head and the

@@ -1,4 +1,4 @@
-"""EAGLE-style draft head (docs/ALGORITHMS.md, "EAGLE: a trained draft head"; training: docs/DRAFTERS.md).
+"""EAGLE-style draft head (docs/ALGORITHMS.md, "EAGLE: a trained draft head"; training: docs/DRAFT_HEADS.md).
 
 The head is one Llama decoder layer over ``fc([e(x_{t+1}); f_t])``: ``e`` the target's input embedding of the next
 token, ``f_t`` the target's last hidden state at position ``t`` (after its final norm, what its output head reads).
@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 
 #: the decoder-layer sizes a head file stores (the head's width is the target's)
 HEAD_SIZES = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim", "rms_norm_eps")
-TRAIN_HINT = "train one with `python experiments/train_drafter.py model=<name>` (docs/DRAFTERS.md)"
+TRAIN_HINT = "train one with `python experiments/train_drafter.py model=<name>` (docs/DRAFT_HEADS.md)"
 
 
 def head_config(decoder_config: Any) -> LlamaConfig:

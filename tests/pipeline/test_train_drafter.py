@@ -1,4 +1,4 @@
-"""experiments/train_drafter.py (docs/DRAFTERS.md): a short run on the toy lowers EAGLE's loss and raises the
+"""experiments/train_drafter.py (docs/DRAFT_HEADS.md): a short run on the toy lowers EAGLE's loss and raises the
 validation accepted length; an interrupted run resumes at its saved step and ends where an uninterrupted one does;
 the shipped toy head loads and decodes (``drafter=eagle model=toy``)."""
 
@@ -28,7 +28,7 @@ def test_a_short_run_lowers_the_loss_and_raises_the_accepted_length(tmp_path):
                                  "--val-prompts", "1", "--steps", "80", "--batch", "4", "--lr", "3e-3", "--out",
                                  str(tmp_path / "head.pt"), "--decode-batch", "2"])
     # measured: loss 1.38 -> 0.12; accepted length 1.008 -> 1.118 on the held-out prompt (2 training samples only;
-    # the shipped head, 64 samples and 600 steps: 1.007 -> 4.01 on 8 held-out prompts, docs/DRAFTERS.md)
+    # the shipped head, 64 samples and 600 steps: 1.007 -> 4.01 on 8 held-out prompts, docs/DRAFT_HEADS.md)
     assert report["last_loss"] < 0.5 * report["first_loss"]
     assert report["val_accepted_length"] > report["val_accepted_length_untrained"] + 0.05
     assert (tmp_path / "head.pt").is_file() and (tmp_path / "head.pt.ckpt" / "data.pt").is_file()
