@@ -93,6 +93,12 @@ class Tree:
         branches = [(0,) * d for d in range(spine)]
         for d in range(1, len(widths) + 1):
             branches += [b for b in itertools.product(*(range(w) for w in widths[:d])) if any(b)]
+        return Tree.from_branches(tuple(branches), spine)
+
+    @staticmethod
+    def from_branches(branches: tuple[tuple[int, ...], ...], spine: int) -> Tree:
+        """The tree of ``branches`` (every prefix of a branch listed before it, the first ``spine`` the chain of
+        zeros: node ``d`` at depth ``d``); children in branch order."""
         index = {b: i for i, b in enumerate(branches)}
         parent = (-1, *(index[b[:-1]] for b in branches[1:]))
         children: list[list[int]] = [[] for _ in branches]

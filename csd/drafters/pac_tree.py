@@ -20,12 +20,12 @@ import torch.nn.functional as F
 from csd.acceptance import AcceptanceRule, lossless_residual
 from csd.adapters.base import ModelAdapter
 from csd.device import to_device
-from csd.drafters.base import COUPLINGS, DRAFT_RECORDS, STAT_KEYS, BodyIds, Drafter, Proposal, Verified
+from csd.drafters.base import COUPLINGS, DRAFT_RECORDS, BodyIds, Drafter, Proposal, Verified
+from csd.drafters.tree_window import TreeWindow, tree_grid, verify_tree_window
 from csd.params import Param
-from csd.records import COMMIT_ACCEPTED, COMMIT_RELAXED, COMMIT_SAMPLED
 from csd.schema import Bool, Choice, Int
-from csd.tree import Tree, TreeMask, TreeVerdict, branch_nodes, tree_problem, verify_tree, without_replacement
-from csd.verify import WindowNoise, couple_drafts, exponential_noise, sample_race
+from csd.tree import Tree, TreeMask, TreeVerdict, branch_nodes, tree_problem, without_replacement
+from csd.verify import couple_drafts, exponential_noise
 
 if TYPE_CHECKING:
     from csd.engine import Slot
@@ -42,33 +42,6 @@ class TreeState:
     siblings: torch.Tensor | None = None
     sibling_probs: torch.Tensor | None = None
     sibling_valid: torch.Tensor | None = None
-
-
-@dataclass
-class TreeWindow:
-    """One image's tree window: per node its candidate, recorded ``p``, whether the candidate exists, whether its
-    position is forced, and its model input id (node 0: the anchor); the verification grid of its shape."""
-
-    tree: Tree
-    mask: TreeMask
-    grid: tuple[torch.Tensor, torch.Tensor]
-    grid_of: dict[int, tuple[int, int]]
-    tokens: torch.Tensor
-    probs: torch.Tensor
-    valid: torch.Tensor
-    forced: torch.Tensor
-    ids: torch.Tensor
-
-
-@dataclass
-class TreeOutcome:
-    """What the refresh needs of a verified tree window."""
-
-    window: TreeWindow
-    samples: torch.Tensor
-    verdict: TreeVerdict
-    accepted: list[bool]
-    last: int
 
 
 class PacTreeDrafter(Drafter):
@@ -119,12 +92,7 @@ class PacTreeDrafter(Drafter):
         tree = Tree.build(spine, widths)
         key = (spine, widths)
         if key not in self._trees:
-            nodes, kids = tree.grid()
-            grid_of = {v: (x, d) for x, row in enumerate(nodes) for d, v in enumerate(row) if v >= 0}
-            depths = len(nodes[0]) if nodes else 0
-            grid = (torch.tensor(nodes, dtype=torch.long).view(len(nodes), depths).to(self.device),
-                    torch.tensor(kids, dtype=torch.long).view(len(kids), len(nodes), depths).to(self.device))
-            self._trees[key] = (tree.mask(self.device), grid, grid_of)
+            self._trees[key] = (tree.mask(self.device), *tree_grid(tree, self.device))
         return (tree, *self._trees[key])
 
     def _window(self, slot: Slot) -> TreeWindow:
@@ -173,53 +141,10 @@ class PacTreeDrafter(Drafter):
 
     def verify(self, rule: AcceptanceRule, slots: list[Slot | None], proposal: Proposal, target: torch.Tensor,
                target_entropy: torch.Tensor) -> Verified:
-        """RRS over the tree, then the accepted path plus the residual (or bonus) sample."""
+        """RRS over the tree, then the accepted path plus the residual (or bonus) sample (:func:`verify_tree_window`)."""
         (slot,), (w,) = slots, proposal.windows
-        target, target_entropy = target[0], target_entropy[0]
-        tree, size, device = w.tree, w.tree.size, self.device
-        # the chain's draw order (row samples, uniforms, residual); node j's row sample is for position n + depth(j)
         shared = None if slot.draft.shared is None else slot.draft.shared[slot.n + w.mask.depth].unsqueeze(0)
-        noise = WindowNoise.draw(1, size, self.vocab, slot.generator, device, shared)
-        samples = sample_race(target, noise.samples[0])
-        uniforms = torch.cat([noise.uniforms.new_ones(1), noise.uniforms[0]])
-        verdict = verify_tree(rule, w.grid, target, target_entropy, w.tokens, w.probs, w.valid, w.forced, uniforms)
-        filtered = torch.zeros_like(verdict.accepted) if verdict.filter_pass is None else verdict.filter_pass
-        flags = torch.stack([verdict.accepted, verdict.relaxed, filtered, w.valid]).tolist()  # the one host sync
-        path = tree.path(flags[0], deepest=self.code_parity)
-        last = path[-1]
-        # all children of the last node rejected: a sample of the final residual; a leaf: the bonus sample of its q
-        rejected_all = bool(tree.children[last])
-        final = sample_race(verdict.final[w.grid_of[last]], noise.residual[0]) if rejected_all else samples[last]
-        accepted = to_device(path[1:], device)
-        tokens = torch.cat([w.tokens[accepted], final.view(1)])
-        kinds = to_device([COMMIT_RELAXED if flags[1][v] else COMMIT_ACCEPTED for v in path[1:]] + [COMMIT_SAMPLED], device)
-        stats = to_device(self._stats(slot.n, tree, path, flags, verdict.filter_pass is not None) + [0, 0], device)
-        if rejected_all:  # the final residual's fallback flag stays on the device (no extra host sync)
-            stats[STAT_KEYS.index("residual_fallbacks")] = verdict.final_fallback[w.grid_of[last]]
-        entropies = target_entropy[to_device(path, device)]
-        outcome = TreeOutcome(w, samples, verdict, flags[0], last)
-        return Verified([len(path)], tokens[None], kinds[None], entropies[None], stats[None], [path], outcome)
-
-    def _stats(self, n: int, tree: Tree, path: list[int], flags: list[list[bool]], filtered: bool) -> list[int]:
-        """The iteration's counters (STAT_KEYS but the fallback count and the drafter's forwards) for a tree window, free (unforced, existing)
-        nodes only: proposed = every node of the window; verified = the children RRS judged along the committed path
-        (up to the accepted one, at the last node all of them); accepted / relaxed = nodes of the path; filter counts
-        over verified."""
-        _, relaxed, passes, valid = flags
-
-        def free(v: int) -> bool:
-            return bool(valid[v]) and not self.body.forced_host[n - 1 + tree.depth(v)]
-
-        verified = []
-        for i, node in enumerate(path):
-            kids = tree.children[node]
-            verified += kids[: kids.index(path[i + 1]) + 1] if i + 1 < len(path) else kids
-        verified = [v for v in verified if free(v)]
-        on_path = [v for v in path[1:] if free(v)]
-        return [
-            sum(free(v) for v in range(1, tree.size)), len(verified), len(on_path), sum(relaxed[v] for v in on_path),
-            len(verified) if filtered else 0, sum(passes[v] for v in verified) if filtered else 0,
-        ]
+        return verify_tree_window(self, rule, slot, w, target[0], target_entropy[0], shared, deepest=self.code_parity)
 
     def refresh(self, slots: list[Slot | None], proposal: Proposal, verified: Verified, target: torch.Tensor) -> None:
         """The next window's candidates for the depths after the commit, each recorded with its target ``q_j`` of this
