@@ -281,9 +281,9 @@ def decode_counts(engine: JacobiEngine) -> Iterator[DecodeCounts]:
 
     def window(slot):
         w = drafter_window(slot)
-        if hasattr(w, "tree"):  # a tree window (drafter=pac_tree)
+        if hasattr(w, "tree"):  # a tree window (drafter=pac_tree, or drafter=eagle's static trees: nothing carried)
             rows.append(w.tree.size)
-            carried.append(min(slot.draft.carried.numel(), w.tree.spine - 1))
+            carried.append(min(getattr(slot.draft, "carried", w.tokens[:0]).numel(), w.tree.spine - 1))
             trees.append((w, False))
         else:
             rows.append(w.rows)  # a drafter without carried drafts (drafter=eagle) carries none

@@ -19,6 +19,7 @@ target feature yet and is one AR step.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -33,10 +34,12 @@ from csd.adapters.base import ModelAdapter
 from csd.device import to_device
 from csd.drafters.base import STAT_KEYS, BodyIds, Proposal, Verified
 from csd.drafters.chain import ChainDrafter, ChainWindow
+from csd.drafters.tree_window import TreeWindow, tree_grid, verify_tree_window
 from csd.params import Param
 from csd.processors import TargetPipeline
 from csd.ragged import RaggedCache
-from csd.schema import Int, Str
+from csd.schema import Choice, Int, Str
+from csd.tree import Tree, TreeMask, without_replacement
 from csd.verify import exponential_noise, sample_race
 
 if TYPE_CHECKING:
@@ -45,6 +48,9 @@ if TYPE_CHECKING:
 #: the decoder-layer sizes a head file stores (the head's width is the target's)
 HEAD_SIZES = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim", "rms_norm_eps")
 TRAIN_HINT = "train one with `python experiments/train_drafter.py model=<name>` (docs/DRAFT_HEADS.md)"
+#: static trees (``drafter.tree``): the children of every node at depth ``d - 1`` for the first depths ``d = 1, 2, ..``
+#: (1 below), down to depth ``window - 1`` (docs/ALGORITHMS.md "EAGLE: a trained draft head", Static trees)
+STATIC_TREES: dict[str, tuple[int, ...]] = {"chain": (), "binary": (2, 2), "wide": (4, 2)}
 
 
 def head_config(decoder_config: Any) -> LlamaConfig:
@@ -108,21 +114,57 @@ def load_head(path: str | Path, adapter: ModelAdapter) -> EagleHead:
     return head.to(device=decoder.device, dtype=decoder.dtype).eval()
 
 
+@functools.cache
+def static_tree(widths: tuple[int, ...], depth: int) -> Tree:
+    """``depth`` levels under the root, every node at depth ``d - 1`` with ``widths[d - 1]`` children (1 past the
+    tuple); node order: the spine (the first children, node ``d`` at depth ``d``), then by depth, in branch order."""
+    levels = [[()]]
+    for d in range(depth):
+        levels.append([b + (k,) for b in levels[-1] for k in range(widths[d] if d < len(widths) else 1)])
+    rest = [b for level in levels for b in level if any(b)]
+    return Tree.from_branches(tuple([(0,) * d for d in range(depth + 1)] + rest), depth + 1)
+
+
+@dataclass(frozen=True)
+class HeadTree:
+    """A static tree window's shape on the device: the tree, the target's mask and verification grid; ``levels[d]``
+    its nodes at depth ``d`` in branch order (the children of a level's nodes, parent by parent); ``head``: the mask
+    of the head's draft entries, the internal nodes at depths ``1 ..`` in level order (depths, ancestor-or-self)."""
+
+    tree: Tree
+    mask: TreeMask
+    grid: tuple[torch.Tensor, torch.Tensor]
+    grid_of: dict[int, tuple[int, int]]
+    levels: list[list[int]]
+    head: TreeMask
+
+    @staticmethod
+    def build(widths: tuple[int, ...], depth: int, device: torch.device) -> HeadTree:
+        tree = static_tree(widths, depth)
+        mask = tree.mask(device)
+        levels = [sorted((v for v in range(tree.size) if tree.depth(v) == d), key=tree.branches.__getitem__)
+                  for d in range(depth + 1)]
+        entries = to_device([v for level in levels[1:-1] for v in level], device)
+        head = TreeMask(mask.depth[entries], mask.ancestors[entries][:, entries])
+        return HeadTree(tree, mask, *tree_grid(tree, device), levels, head)
+
+
 @dataclass
 class EagleState:
     """An image's pairs not yet in the head's cache: token ids ``[m]`` and the target features before them
     ``[cfg rows, m, D]``; ``new``: the head's cache rows still hold the previous image; ``window``: this
-    iteration's chain window. No Gumbel sharing."""
+    iteration's chain (or static tree) window. No Gumbel sharing."""
 
     ids: torch.Tensor
     features: torch.Tensor | None
     new: bool = True
-    window: ChainWindow | None = None
+    window: ChainWindow | TreeWindow | None = None
     shared: None = None
 
 
 class EagleDrafter(ChainDrafter):
-    """A chain of ``window - 1`` drafts from a trained EAGLE head (module docstring), verified as a chain window."""
+    """A chain of ``window - 1`` drafts from a trained EAGLE head (module docstring), verified as a chain window; or a
+    static tree of them (``tree``), verified by recursive rejection sampling as a tree window (batch 1)."""
 
     name = "eagle"
     reads_features = True
@@ -130,6 +172,10 @@ class EagleDrafter(ChainDrafter):
         "window": Param(Int(min=2), 5, "L: the last committed token + L - 1 drafts of the head (gamma = L - 1)"),
         "head": Param(Str(null="the model's shipped head (model=toy)"), None,
                       "the trained head's file (experiments/train_drafter.py)"),
+        "tree": Param(Choice(options=tuple(STATIC_TREES)), "chain",
+                      "the drafts' shape: a chain, or a static tree (binary: 2 children per node at depths 1-2; wide: 4 "
+                      "at depth 1, 2 at depth 2) window - 1 deep, each node's children drawn without replacement from "
+                      "the head's law"),
     }
 
     def check_params(self) -> None:
@@ -137,8 +183,21 @@ class EagleDrafter(ChainDrafter):
             raise ValueError(f"drafter.head={self.head}: no such file; {TRAIN_HINT}, or leave drafter.head=null for "
                              "model=toy's shipped head")
 
+    def params(self) -> dict[str, object]:
+        """The drafting settings recorded with every image; ``tree=chain`` is left out, so that chain runs keep the
+        records and fingerprints they had before static trees."""
+        values = super().params()
+        if self.tree == "chain":
+            del values["tree"]
+        return values
+
     def problem(self, batch_size: int, compiled: bool) -> str | None:
-        return "drafter=eagle decodes on the eager cache: set engine.compile=false" if compiled else None
+        if compiled:
+            return "drafter=eagle decodes on the eager cache: set engine.compile=false"
+        if self.tree != "chain" and batch_size > 1:
+            return (f"drafter=eagle with drafter.tree={self.tree} (a tree window) decodes one image at a time: set "
+                    f"engine.batch_size=1, got {batch_size}")
+        return None
 
     def model_problem(self, adapter_class: type[ModelAdapter]) -> str | None:
         if not adapter_class.exposes_features():
@@ -158,6 +217,8 @@ class EagleDrafter(ChainDrafter):
         self.cfg_rows = 2 if adapter.uses_cfg else 1
         self.cache: RaggedCache | None = None
         self.forwards: list[int] = []
+        #: static trees: per (widths, depth) the window's shape (:class:`HeadTree`)
+        self._shapes: dict[tuple[tuple[int, ...], int], HeadTree] = {}
 
     def start(self, slot: Slot) -> None:
         slot.draft = self.new_state(slot, None)
@@ -166,6 +227,11 @@ class EagleDrafter(ChainDrafter):
         return EagleState(torch.zeros(0, dtype=torch.long, device=self.device), None)
 
     def propose(self, slots: list[Slot | None]) -> Proposal:
+        if self.tree != "chain":
+            (slot,) = slots
+            slot.draft.window = self._tree_window(slot)
+            w = self._window(slot)
+            return Proposal(w.ids.unsqueeze(0), [slot.n == 0], [True], w.tree.size, w.mask, [w])
         length, tail = self.adapter.layout.length, self.adapter.layout.jacobi_tail
         rows = [0 if slot is None else 1 if (length - slot.n <= tail or slot.draft.ids.numel() == 0)
                 else min(self.window, length - slot.n) for slot in slots]
@@ -176,23 +242,30 @@ class EagleDrafter(ChainDrafter):
                 slot.draft.window = ChainWindow(r, drafts, probs, ids)
         return super().propose(slots)  # the chain's padding of the windows :meth:`_window` returns
 
-    def _window(self, slot: Slot) -> ChainWindow:
+    def _window(self, slot: Slot) -> ChainWindow | TreeWindow:
         return slot.draft.window
 
     def verify(self, rule: AcceptanceRule, slots: list[Slot | None], proposal: Proposal, target: torch.Tensor,
                target_entropy: torch.Tensor) -> Verified:
-        """The chain's verification, plus each image's head forwards of this iteration (``drafter_forwards``)."""
-        verified = super().verify(rule, slots, proposal, target, target_entropy)
+        """The chain's verification (a static tree: the tree window's RRS, ``verify_tree_window``), plus each image's
+        head forwards of this iteration (``drafter_forwards``)."""
+        if self.tree == "chain":
+            verified = super().verify(rule, slots, proposal, target, target_entropy)
+        else:
+            (slot,), (w,) = slots, proposal.windows
+            verified = verify_tree_window(self, rule, slot, w, target[0], target_entropy[0])
         verified.stats[:, STAT_KEYS.index("drafter_forwards")] += to_device(self.forwards, self.device)
         return verified
 
     def refresh(self, slots: list[Slot | None], proposal: Proposal, verified: Verified, target: torch.Tensor) -> None:
         """The ``m`` committed tokens join the pending pairs, each with the target feature of the window entry
-        before it (the anchor's for the first): ``(x_{n+j}, f_{n+j-1})``, ``j < m``."""
+        before it (the anchor's for the first): ``(x_{n+j}, f_{n+j-1})``, ``j < m``; a tree window's entries are
+        its committed path (``verified.keep``)."""
         for b, (slot, w, m) in enumerate(zip(slots, proposal.windows, verified.counts, strict=True)):
             if w is None:
                 continue
-            state, features = slot.draft, proposal.features[b, :, :m]
+            entries = slice(0, m) if verified.keep is None else to_device(verified.keep[b], self.device)
+            state, features = slot.draft, proposal.features[b, :, entries]
             state.ids = torch.cat([state.ids, self.body(verified.tokens[b, :m], slot.n)])
             state.features = features if state.features is None else torch.cat([state.features, features], dim=1)
 
@@ -261,9 +334,79 @@ class EagleDrafter(ChainDrafter):
         rows = len(slots) * self.cfg_rows
         if self.cache is None or self.cache.rows != rows:
             decoder = self.adapter.decoder()
-            capacity = self.adapter.layout.length + 2 * self.window + 16
+            drafts = self.window if self.tree == "chain" else static_tree(STATIC_TREES[self.tree], self.window - 1).size
+            capacity = self.adapter.layout.length + 2 * drafts + 16
             self.cache = RaggedCache(self.net.config, rows, capacity, decoder.dtype, decoder.device)
         for b, slot in enumerate(slots):
             if slot is not None and slot.draft.new:
                 self.cache.reset(slice(b * self.cfg_rows, (b + 1) * self.cfg_rows))
                 slot.draft.new = False
+
+    def _tree_window(self, slot: Slot) -> TreeWindow:
+        """A static tree window (``tree``) ``window - 1`` deep at most, no draft past the body, no siblings at forced
+        positions; an image's first window and the AR tail are the root alone (one AR step)."""
+        layout, n = self.adapter.layout, slot.n
+        span, widths = layout.length - n, STATIC_TREES[self.tree]
+        depth = 0 if (span <= layout.jacobi_tail or slot.draft.ids.numel() == 0) else min(self.window, span) - 1
+        widths = tuple(1 if self.body.forced_host[n - 1 + d] or d > len(widths) else widths[d - 1]
+                       for d in range(1, depth + 1))
+        if (widths, depth) not in self._shapes:
+            self._shapes[widths, depth] = HeadTree.build(widths, depth, self.device)
+        shape = self._shapes[widths, depth]
+        tokens, probs, valid = self._tree_draft(slot, shape)
+        positions = (n - 1 + shape.mask.depth).clamp_min(0)
+        forced = self.body.is_forced[positions] & (shape.mask.depth > 0)
+        ids = torch.where(forced, self.body.forced[positions], self.body.image_ids[tokens])
+        ids = torch.cat([self.anchor(slot), ids[1:]])
+        return TreeWindow(shape.tree, shape.mask, shape.grid, shape.grid_of, tokens, probs, valid, forced, ids)
+
+    def _tree_draft(self, slot: Slot, shape: HeadTree) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Every node's candidate, recorded law and existence (the root: none). Level by level, each parent's law
+        ``p = Q(H(f'))`` and its children drawn one after the other from ``p`` without the earlier ones (exponential
+        races, the image's generator), each recorded with ``p``; then one head forward of the new level's nodes (each
+        seeing the committed pairs and its ancestors' entries), whose ``f'`` give the next level's laws. Head forwards:
+        the ingest plus one per level but the last; the draft entries leave the head's cache afterwards."""
+        size, depth, r = shape.tree.size, len(shape.levels) - 1, self.cfg_rows
+        tokens = torch.zeros(size, dtype=torch.long, device=self.device)
+        probs = torch.zeros((size, self.vocab), dtype=torch.float32, device=self.device)
+        valid = torch.zeros(size, dtype=torch.bool, device=self.device)
+        self.forwards = [depth]
+        if depth == 0:
+            return tokens, probs, valid
+        feature = self._ingest([slot], [depth])  # [cfg rows, 1, D]: the root's f'
+        start, entries = self.cache.lengths.clone(), 0
+        for d in range(1, depth + 1):
+            parents, kids = shape.levels[d - 1], shape.levels[d]
+            width = len(kids) // len(parents)
+            law = self.pipeline(self.adapter.head(feature).view(1, r, len(parents), -1))[0]
+            drawn, exists = self.draw_children(law, width, slot.generator)
+            at = to_device(kids, self.device)
+            tokens[at], valid[at], probs[at] = drawn.flatten(), exists.flatten(), law.repeat_interleave(width, dim=0)
+            if d < depth:
+                pos = slot.n + d - 1
+                ids = torch.where(self.body.is_forced[pos], self.body.forced[pos], self.body.image_ids[drawn.flatten()])
+                embeds = self.adapter.embed(ids.view(1, -1)).repeat_interleave(r, dim=0)
+                feature = self._tree_step(embeds, feature.repeat_interleave(width, dim=1), start, shape.head, entries)
+                entries += len(kids)
+        self.cache.rollback([entries] * self.cache.rows)
+        return tokens, probs, valid
+
+    def draw_children(self, law: torch.Tensor, width: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """``width`` children ``[m, width]`` of each of ``m`` parents, one after the other from the parent's law ``[m, V]``
+        without the earlier ones (exponential races), and whether each exists (a law with fewer codes has none)."""
+        noise = exponential_noise((law.shape[0], width, self.vocab), gen, self.device)
+        return without_replacement(law, noise, torch.zeros(law.shape, dtype=torch.bool, device=self.device))
+
+    def _tree_step(self, embeds: torch.Tensor, features: torch.Tensor, start: torch.Tensor, head: TreeMask,
+                   first: int) -> torch.Tensor:
+        """One head forward of a level's ``q`` nodes ``[cfg rows, q, D]``, the head's draft entries ``first ..
+        first + q - 1``: a node at depth ``d`` has position ``start + d - 1`` (``start``: the cache length before
+        the drafts) and sees the committed pairs, its ancestors' entries and its own."""
+        q = embeds.shape[1]
+        _, causal = self.cache.extend(slice(0, self.cache.rows), q)
+        seen = TreeMask(head.depth[: first + q], head.ancestors[: first + q, : first + q])
+        visible = seen.visible(start, causal.shape[-1])[:, first:]
+        mask = torch.zeros(visible.shape, dtype=causal.dtype, device=self.device)
+        mask.masked_fill_(~visible, torch.finfo(causal.dtype).min)
+        positions = start[:, None] + head.depth[first : first + q] - 1
+        return self.net(embeds, features, self.cache, positions, mask.unsqueeze(1))
