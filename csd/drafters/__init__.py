@@ -2,7 +2,7 @@
 
 ``chain``: the Jacobi window of SJD and its variants (init, coupling, recorded law); ``pac_tree``: SJD-PAC's tree
 windows; ``draft_model``: a separate small model's drafts (classic speculative sampling); ``eagle``: a chain of drafts
-from a trained EAGLE head. Any rule runs with any drafter.
+from a trained EAGLE head, or a static tree of them. Any rule runs with any drafter.
 """
 
 from csd.drafters.base import (

@@ -15,6 +15,11 @@ combined, temperature, top-k), and the draft is sampled from ``p`` with the imag
 verified by the chain drafter's code (``ChainDrafter.verify``), so SJD's rule is exactly lossless. The draft entries
 are dropped from the head's cache after drafting: it holds the committed pairs only. An image's first window has no
 target feature yet and is one AR step.
+
+``tree`` (docs/ALGORITHMS.md, "Static trees"): a static tree of drafts instead of the chain, built level by level
+(each node's children drawn without replacement from its head law, one head forward per level over the level's
+nodes with a tree mask over the head's draft entries) and verified by recursive rejection sampling as a tree window
+(``csd.drafters.tree_window``, the code SJD-PAC's windows use); batch 1.
 """
 
 from __future__ import annotations

@@ -138,6 +138,10 @@ def test_bad_settings_get_one_line(tmp_path):
     with pytest.raises(ValueError, match="engine.compile=false"):
         JacobiEngine(adapter, SJD(), EagleDrafter(window=4, head=head, tree="wide"),
                      compiled=CompiledStep(adapter, backend="eager"))
+    from csd.api import compose_config
+
+    with pytest.raises(ConfigError, match=r"^drafter=eagle with drafter.tree=wide \(a tree window\) decodes one image"):
+        compose_config("toy", "sjd", {"drafter": "eagle", "drafter.tree": "wide", "engine.batch_size": 2})
     # chain runs record what they did before static trees (records, run-directory fingerprints)
     assert EagleDrafter(window=4).params() == {"drafter": "eagle", "window": 4, "head": None}
     assert EagleDrafter(window=4, tree="wide").params()["tree"] == "wide"
