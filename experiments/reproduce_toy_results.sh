@@ -15,3 +15,7 @@ python run.py experiment=ablation_lambda_delta model=toy dataset=toy dataset.n_p
 python run.py experiment=entropy_study hydra.run.dir=results/entropy_study
 # drafters on the toy (docs/RESULTS.md "Drafters on the toy"): SJD and LANTERN on the shipped EAGLE head, ~35 min
 python run.py experiment=toy_drafters logger=disabled hydra.sweep.dir=results/toy_drafters
+# ... and SJD on the head's static binary tree (~40 min next to other work), then the report over all five runs
+python run.py experiment=toy_drafters logger=disabled hydra.mode=RUN method=sjd drafter=eagle drafter.window=5 \
+  drafter.tree=binary run_dir=results/toy_drafters/4_sjd_tree
+python run.py experiment=toy_drafters logger=disabled hydra.mode=RUN stage=report sweep_dir=results/toy_drafters

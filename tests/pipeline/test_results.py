@@ -38,9 +38,10 @@ def test_committed_study_run_reproduces_at_batch_1(run):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("run", ["0_sjd", "3_lantern"])
+@pytest.mark.parametrize("run", ["0_sjd", "3_lantern", "4_sjd_tree"])
 def test_committed_drafter_run_reproduces(run):
-    """A run on the toy's shipped EAGLE head: the drafter's keys go to drafter.*, the rule's to method.*."""
+    """A run on the toy's shipped EAGLE head (a chain, or its static tree): the drafter's keys go to drafter.*, the
+    rule's to method.*."""
     run_json = RESULTS / "toy_drafters" / run / "run.json"
     info = json.loads(run_json.read_text())
     record = load_records(run_json.parent)[0]
@@ -58,5 +59,5 @@ def test_committed_results_exist():
     assert len(RUNS) == 12, "run experiments/reproduce_toy_results.sh"
     assert (RESULTS / "toy_paper/report/table_toy.md").exists()
     assert (RESULTS / "ablation_lambda_delta/report/pareto_toy.png").exists()
-    assert len(list(RESULTS.glob("toy_drafters/*/run.json"))) == 4
+    assert len(list(RESULTS.glob("toy_drafters/*/run.json"))) == 5
     assert (STUDY / "study/study.md").exists() and (STUDY / "study/quality_vs_compression.png").exists()
