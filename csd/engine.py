@@ -29,7 +29,7 @@ import torch
 
 from csd.acceptance import AcceptanceRule, entropy
 from csd.adapters.base import ModelAdapter
-from csd.device import Span, synchronize
+from csd.device import Span, keep_temporaries_on_heap, synchronize
 from csd.drafters import STAT_KEYS, BodyIds, ChainDrafter, Drafter
 from csd.fast import CompiledStep
 from csd.processors import TargetPipeline
@@ -113,6 +113,8 @@ class JacobiEngine:
         self.compiled, self.batch_size = compiled, batch_size
         self.pipeline = TargetPipeline.build(adapter.sampling, adapter.raw_image_columns)
         self.device = adapter.device
+        if self.device.type == "cpu":
+            keep_temporaries_on_heap()
         self.body = BodyIds(adapter)
         self._batch: SlotBatch | None = None
         drafter.bind(adapter, self.body, compiled is not None)
