@@ -272,12 +272,18 @@ TINY_PAD, TINY_EOS, TINY_BYTE0 = 0, 1, 2
 
 
 def tiny_llamagen_config(kind: str, grid: int = 4, codebook: int = 16, hidden: int = 32, layers: int = 2,
-                         heads: int = 2, num_classes: int = 10, caption_dim: int = 16, caption_tokens: int = 12,
+                         heads: int = 2, num_classes: int = 1000, caption_dim: int = 16, caption_tokens: int = 12,
                          ) -> LlamaGenConfig:
     """A LlamaGen config small enough for CPU tests."""
     return LlamaGenConfig(model_type=kind, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
                           multiple_of=16, vocab_size=codebook, num_classes=num_classes, caption_dim=caption_dim,
                           cls_token_num=caption_tokens if kind == "t2i" else 1, grid=grid)
+
+
+def tiny_vq16_config(grid: int, codebook: int) -> JanusVQVAEConfig:
+    """A VQ16-shaped decoder config of two levels (one 2x upsampling), 32 channels, codes of dim 4."""
+    return vq16_config(grid, codebook, embed_dim=4, base_channels=32, channel_multiplier=(1, 1), latent_channels=32,
+                       num_res_blocks=1)
 
 
 def tiny_caption_encoder(caption_dim: int, max_tokens: int, seed: int) -> CaptionEncoder:
@@ -313,8 +319,7 @@ def tiny_llamagen_adapter(kind: str = "c2i", grid: int = 4, codebook: int = 16, 
         gpt.output.weight.mul_(head_scale)
         if kind == "t2i":
             gpt.cls_embedding.uncond_embedding.normal_(0.0, config.caption_dim ** -0.5)
-    vq = decoder_only(vq16_config(grid, codebook, embed_dim=4, base_channels=32, channel_multiplier=(1, 1),
-                                  latent_channels=32, num_res_blocks=1))
+    vq = decoder_only(tiny_vq16_config(grid, codebook))
     sampling = SamplingConfig(guidance_scale=guidance_scale, top_k=top_k or 0, temperature=temperature)
     gpt = gpt.to(device=device, dtype=resolve_dtype(dtype))
     return LlamaGenAdapter(gpt, vq.to(device), sampling, encode, checkpoint=f"tiny seed {seed}")

@@ -22,7 +22,7 @@ from csd.adapters.llamagen import (
     decoder_only,
     load_gpt,
     tiny_llamagen_adapter,
-    vq16_config,
+    tiny_vq16_config,
     vq_state_for_janus,
 )
 from csd.adapters.llamagen_gpt import checkpoint_state
@@ -129,8 +129,7 @@ def llamagen_vq_layout(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor
 
 
 def test_vq_checkpoint_in_llamagen_layout_loads_strictly():
-    config = vq16_config(4, 16, embed_dim=4, base_channels=32, channel_multiplier=(1, 1), latent_channels=32,
-                         num_res_blocks=1)
+    config = tiny_vq16_config(4, 16)
     torch.manual_seed(0)
     source = decoder_only(config)
     released = llamagen_vq_layout(source.state_dict())
@@ -228,3 +227,31 @@ def test_sjd_is_lossless_on_llamagen(two_by_two):
 def test_a_relaxed_rule_is_detected_on_llamagen(two_by_two):
     adapter, probs = two_by_two
     assert chi_square_pvalue(sample_counts(adapter, Amplify(factor=20.0), 10_000), probs) < 1e-6
+
+
+# ------------------------------------------------------------------------------------------ class-id prompts, config
+
+
+def test_imagenet_class_prompts():
+    from csd.data.imagenet import imagenet_class_prompts
+
+    every = imagenet_class_prompts()
+    assert len(every) == 1000 and len({p.prompt_id for p in every}) == 1000
+    assert (every[207].text, every[207].meta) == ("207", {"class_id": 207, "class_name": "golden retriever"})
+    assert [p.text for p in imagenet_class_prompts(3)] == ["0", "1", "2"]
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    (["model=llamagen_c2i_tiny", "dataset=smoke"],
+     r"^model=llamagen_c2i_tiny is class-conditional: its prompts are ImageNet class ids, but dataset=smoke holds "
+     r"captions; use dataset=imagenet_classes$"),
+    (["model=llamagen_t2i_tiny", "dataset=imagenet_classes"],
+     r"^dataset=imagenet_classes holds class ids, but model=llamagen_t2i_tiny takes captions"),
+])
+def test_class_ids_and_captions_are_not_mixed(overrides, message):
+    from csd.config import ConfigError, validate
+    from tests.pipeline.test_config import make_cfg
+
+    with pytest.raises(ConfigError, match=message):
+        validate(make_cfg(*overrides))
+    validate(make_cfg("model=llamagen_c2i_tiny", "dataset=imagenet_classes"))
