@@ -210,6 +210,7 @@ SCHEMA: dict[str, Spec | ByTarget] = {
     "eval.clip.scale": Float(gt=0),
     "eval.clip.clamp": Choice(options=("image", "mean", "none")),
     "eval.fid.reference_dir": Str(null="for dataset.fid_reference"),
+    "eval.fid.reference_stats": Str(null="for reference images"),
     "eval.fid.paired": Bool(),
     "eval.fid.transforms": StrList(check=step_error),
     "eval.fid.feature": Choice(options=(64, 192, 768, 2048)),
