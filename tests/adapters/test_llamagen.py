@@ -86,6 +86,26 @@ def test_batch_of_three_equals_batch_of_one(kind):
     assert runs[1] == runs[3]
 
 
+@pytest.mark.slow
+def test_compiled_step_is_token_identical():
+    """``engine.compile=true`` (the aot_eager backend: inductor's full-graph trace without code generation): a t2i
+    batch of three, the padding flag included, gives the eager tokens with two graphs and no recompilation."""
+    from csd.fast import CompiledStep
+
+    torch.compiler.reset()
+    adapter = tiny_llamagen_adapter("t2i", seed=3, head_scale=3.0)
+    reqs = [Request(CAPTIONS[i % 4], seed=5 * i, key=i) for i in range(4)]
+    compiled = CompiledStep(adapter, backend="aot_eager")
+    runs = {}
+    for step in (None, compiled):
+        engine = JacobiEngine(adapter, SJD(), ChainDrafter(window=4), batch_size=3, compiled=step)
+        runs[step is None] = {req.key: gen.tokens.tolist() for req, gen in engine.generate_many(reqs)}
+    assert runs[True] == runs[False]
+    with torch.compiler.set_stance("fail_on_recompile"):
+        engine = JacobiEngine(adapter, SJD(), ChainDrafter(window=4), batch_size=3, compiled=compiled)
+        assert {req.key: gen.tokens.tolist() for req, gen in engine.generate_many(reqs)} == runs[True]
+
+
 def test_c2i_prompt_is_a_class_id():
     assert class_id("207", 1000) == 207
     for bad in ("a cat", "1000", "-1", ""):
