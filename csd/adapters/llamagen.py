@@ -33,6 +33,7 @@ from csd.adapters.base import (
     to_uint8,
 )
 from csd.adapters.llamagen_gpt import LlamaGenConfig, LlamaGenGPT, checkpoint_state
+from csd.adapters.vqgan import read_state_dict
 from csd.hub import load_local_first
 
 #: caption features per prompt (``--t5-feature-max-len``) and their width (flan-t5-xl's ``d_model``)
@@ -218,7 +219,7 @@ def read_weights(path: str) -> dict[str, torch.Tensor]:
         for shard in sorted(glob.glob(os.path.join(path, "pytorch_model*.bin"))):
             state.update(torch.load(shard, map_location="cpu", weights_only=True))
         return state
-    return torch.load(path, map_location="cpu", weights_only=True)
+    return read_state_dict(path)
 
 
 def load_gpt(config: LlamaGenConfig, path: str) -> LlamaGenGPT:
@@ -261,7 +262,7 @@ def load_llamagen_adapter(kind: str, gpt_model: str, image_size: int, path: str,
     encode = load_flan_t5(t5, torch_dtype, device) if kind == "t2i" else None
     gpt = load_gpt(config, gpt_file).to(device=device, dtype=torch_dtype)
     vq = decoder_only(vq16_config(grid))
-    vq.load_state_dict(vq_state_for_janus(torch.load(vq_file, map_location="cpu", weights_only=True)), strict=True)
+    vq.load_state_dict(vq_state_for_janus(read_state_dict(vq_file)), strict=True)
     sampling = SamplingConfig(guidance_scale=guidance_scale, top_k=top_k or 0, temperature=temperature)
     return LlamaGenAdapter(gpt, vq.to(device), sampling, encode, checkpoint=gpt_file)
 

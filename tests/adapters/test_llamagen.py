@@ -183,18 +183,20 @@ def hf_layout(state: dict[str, torch.Tensor], heads: int, kv: int, d: int) -> di
 
 @pytest.mark.parametrize("kind", ["c2i", "t2i"])
 def test_checkpoints_load_in_both_layouts(kind, tmp_path):
-    """The released ``.pt`` layout (wrapped in ``model``, with a pickled rotary table) and LANTERN's HF layout (a
-    directory of safetensors) load strictly, to the same logits."""
+    """The released ``.pt`` layout (wrapped in ``model``, with a pickled rotary table and training arguments) and
+    LANTERN's HF layout (a directory of safetensors) load strictly, to the same logits."""
+    from argparse import Namespace
+
     from safetensors.torch import save_file
 
     adapter = tiny_llamagen_adapter(kind, seed=4)
     state = adapter.gpt.state_dict()
-    torch.save({"model": {**state, "freqs_cis": torch.zeros(3)}}, tmp_path / "gpt.pt")
+    torch.save({"model": {**state, "freqs_cis": torch.zeros(3)}, "args": Namespace(gpt_model="GPT-B")}, tmp_path / "gpt.pt")
     c = adapter.config
     (tmp_path / "hf").mkdir()
     save_file(hf_layout(state, c.num_attention_heads, c.num_key_value_heads, c.attention_head_dim),
               tmp_path / "hf" / "model.safetensors")
-    assert set(checkpoint_state(torch.load(tmp_path / "gpt.pt"))) == set(state)
+    assert set(checkpoint_state(torch.load(tmp_path / "gpt.pt", weights_only=False))) == set(state)
     prompt, ids = prompts(kind)[0], torch.tensor([1, 2, 3])
     expected = reference_logits(adapter, prompt, ids)
     for path in (tmp_path / "gpt.pt", tmp_path / "hf"):
