@@ -85,6 +85,11 @@ class LlamaGenConfig:
         return self.attention_head_dim + (MASK_CHANNELS if self.model_type == "t2i" else 0)
 
     @property
+    def rms_norm_eps(self) -> float:
+        """``norm_eps`` under the transformers name (``drafter=eagle`` sizes its head's layer from it)."""
+        return self.norm_eps
+
+    @property
     def intermediate_size(self) -> int:
         """The SwiGLU width: ``2/3 * 4 * hidden`` rounded up to ``multiple_of`` (the original's ``FeedForward``)."""
         return find_multiple(int(2 * 4 * self.hidden_size / 3), self.multiple_of)
