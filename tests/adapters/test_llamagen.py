@@ -277,3 +277,25 @@ def test_class_ids_and_captions_are_not_mixed(overrides, message):
     with pytest.raises(ConfigError, match=message):
         validate(make_cfg(*overrides))
     validate(make_cfg("model=llamagen_c2i_tiny", "dataset=imagenet_classes"))
+
+
+@pytest.mark.slow
+def test_class_conditional_run_through_the_pipeline(tmp_path):
+    """``run.py model=llamagen_c2i_tiny dataset=imagenet_classes``: records carry the class id as the prompt and its
+    name in the meta; images are written."""
+    from omegaconf import open_dict
+
+    from csd.pipeline import generate_run
+    from csd.records import load_records
+    from tests.pipeline.test_config import make_cfg
+
+    cfg = make_cfg("model=llamagen_c2i_tiny", "dataset=imagenet_classes", "dataset.n_prompts=2", "method=sjd",
+                   "engine.progress=false")
+    with open_dict(cfg):
+        cfg.run_dir = str(tmp_path)
+    generate_run(cfg)
+    records = load_records(tmp_path)
+    assert [(r["prompt_id"], r["prompt"], r["meta"]["class_name"]) for r in records] == [
+        ("class-0000", "0", "tench"), ("class-0001", "1", "goldfish")]
+    assert all(len(r["tokens"]) == 16 for r in records)
+    assert len(list(tmp_path.rglob("*.png"))) == 2
