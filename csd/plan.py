@@ -185,12 +185,51 @@ def toy_shape(model: DictConfig) -> dict[str, Any]:
                 logit_columns=config.vocab_size, image_vocab=GRID * GRID, body_len=GRID * GRID, prompt_len=PROMPT_LEN)
 
 
+def llamagen_shape(model: DictConfig) -> dict[str, Any]:
+    """Our LlamaGen GPT (csd/adapters/llamagen_gpt.py) of the preset's shape; the caption encoder (flan-t5-xl, 1.2 B
+    parameters in the encoder half) is counted from its transformers config."""
+    from transformers import T5Config, T5EncoderModel
+
+    from csd.adapters.base import resolve_dtype
+    from csd.adapters.llamagen import (
+        GPT_SHAPES,
+        decoder_only,
+        tiny_llamagen_config,
+        tiny_vq16_config,
+        vq16_config,
+    )
+    from csd.adapters.llamagen_gpt import LlamaGenConfig, LlamaGenGPT
+
+    if "gpt_model" in model:
+        layers, heads, width = GPT_SHAPES[model.gpt_model]
+        grid, t2i = model.image_size // 16, model.kind == "t2i"
+        config = LlamaGenConfig(model_type=model.kind, hidden_size=width, num_hidden_layers=layers,
+                                num_attention_heads=heads, cls_token_num=120 if t2i else 1, grid=grid)
+        source, encoder = "GPT_SHAPES (the original's GPT_models)", T5Config.from_dict(FLAN_T5_XL) if t2i else None
+        vq = vq16_config(grid)
+    else:
+        config, grid, encoder = tiny_llamagen_config(model.kind, model.grid, model.codebook), model.grid, None
+        source, vq = "tiny config", tiny_vq16_config(model.grid, model.codebook)
+    extra = module_bytes(on_meta(decoder_only, vq), torch.float32)  # the VQ decoder runs in fp32
+    if encoder is not None:
+        extra += module_bytes(on_meta(T5EncoderModel, encoder), resolve_dtype(model.dtype))
+    return dict(model=on_meta(LlamaGenGPT, config), extra_bytes=extra, text=config, source=source,
+                logit_columns=config.vocab_size, image_vocab=config.vocab_size, body_len=grid * grid,
+                prompt_len=config.cls_token_num)
+
+
+#: flan-t5-xl's encoder shape (google/flan-t5-xl config.json)
+FLAN_T5_XL = dict(vocab_size=32128, d_model=2048, d_kv=64, d_ff=5120, num_layers=24, num_heads=32,
+                  feed_forward_proj="gated-gelu")
+
+
 #: the loader function named by a model config's ``_target_`` -> how its shape is read
 FAMILIES = {
     "load_toy_adapter": toy_shape, "load_toy_draft_adapter": toy_shape,
     "tiny_janus_adapter": janus_shape, "load_janus_adapter": janus_shape,
     "tiny_lumina_adapter": lumina_shape, "load_lumina_adapter": lumina_shape,
     "tiny_emu3_adapter": emu3_shape, "load_emu3_adapter": emu3_shape,
+    "tiny_llamagen_adapter": llamagen_shape, "load_llamagen_adapter": llamagen_shape,
 }
 
 
