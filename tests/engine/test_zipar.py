@@ -17,17 +17,16 @@ from dataclasses import astuple
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 
 from csd.acceptance import SJD
 from csd.adapters.base import BodyLayout
-from csd.config import CONF_DIR, ConfigError, validate
+from csd.config import ConfigError, validate
 from csd.drafters import ChainDrafter, ZipARDrafter
 from csd.drafters.zipar import PROMPT_TAIL, Forward, zipar_schedule
 from csd.engine import JacobiEngine
 from csd.processors import TargetPipeline
 from csd.ragged import SlotBatch
-from tests.helpers import chi_square_pvalue, exact_sequence_distribution, rejecting_janus
+from tests.helpers import chi_square_pvalue, exact_sequence_distribution, make_cfg, rejecting_janus
 
 PROMPT = "a cat"
 P = PROMPT_TAIL
@@ -164,11 +163,6 @@ def test_the_sequence_law_is_the_enumerated_one():
     counts = Counter(tuple(engine.generate(PROMPT, seed).tokens.tolist()) for seed in range(N_LAW))
     assert chi_square_pvalue(counts, zipar_law(adapter, PROMPT, zipar_schedule(3, 2, 1))) > 1e-3
     assert chi_square_pvalue(counts, exact_sequence_distribution(adapter, PROMPT)) < 1e-6
-
-
-def make_cfg(*overrides: str):
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose(config_name="config", overrides=list(overrides))
 
 
 @pytest.mark.parametrize(("overrides", "message"), [
