@@ -103,7 +103,8 @@ class Verified:
 class Drafter(Parametrized, ABC):
     """A drafting scheme (docs/ALGORITHMS.md, "Drafters"): proposes windows, verifies them with any rule, refreshes
     its drafts. It declares its hyper-parameters in ``PARAMS`` (``csd.params``; ``drafter.<key>`` in the config):
-    ``window`` = ``L``, the entries one forward spends per image (anchor included); ``init`` (fresh drafts),
+    ``window`` = ``L``, the entries one forward spends per image (anchor included; None for a drafter without windows:
+    ZipAR's forwards have one entry per image row in flight); ``init`` (fresh drafts),
     ``draft_record`` (their recorded law) and ``coupling`` (the refresh), shared by the chain and the tree drafters."""
 
     name: str
