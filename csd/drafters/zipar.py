@@ -79,13 +79,15 @@ def zipar_schedule(rows: int, cols: int, window_size: int) -> list[Forward]:
 @dataclass(frozen=True)
 class Step:
     """A schedule forward on the device: ``gather [fed]`` (the generation index of each entry's token), ``shift
-    [1, fed]`` (``Proposal.shift``), ``queries [m]``, and on the host the number of commits and the kept entries."""
+    [1, fed]`` (``Proposal.shift``), ``queries [m]``, and on the host the number of commits, the kept entries and
+    ``pad``, the shift that puts a padding entry past the image (position id prompt length + body + its index)."""
 
     gather: torch.Tensor
     shift: torch.Tensor
     queries: torch.Tensor
     commits: int
     keep: list[int]
+    pad: int
 
 
 class ZipARDrafter(Drafter):
@@ -108,11 +110,7 @@ class ZipARDrafter(Drafter):
         return None
 
     def problem(self, batch_size: int, compiled: bool) -> str | None:
-        if batch_size > 1:
-            return f"drafter=zipar decodes one image at a time: set engine.batch_size=1, got {batch_size}"
-        if compiled:
-            return "drafter=zipar runs eagerly (shifted position ids): set engine.compile=false"
-        return None
+        return "drafter=zipar runs eagerly (shifted position ids): set engine.compile=false" if compiled else None
 
     def model_problem(self, adapter_class: type[ModelAdapter]) -> str | None:
         from csd.adapters.emu3 import Emu3Adapter
@@ -138,7 +136,8 @@ class ZipARDrafter(Drafter):
             shift = [pos + 1 - kept - j for j, (_, pos) in enumerate(f.entries)]
             gather = [generation.get(src, 0) for src, _ in f.entries]
             self.steps.append(Step(to_device(gather, self.device), to_device([shift], self.device),
-                                   to_device(list(f.queries), self.device), len(f.commits), list(range(fed - f.proxies))))
+                                   to_device(list(f.queries), self.device), len(f.commits), list(range(fed - f.proxies)),
+                                   len(order) + 1 - kept))
             kept += fed - f.proxies
         #: raster cell of each generation index
         self.order = to_device(order, self.device)
@@ -151,22 +150,39 @@ class ZipARDrafter(Drafter):
         return None
 
     def propose(self, slots: list[Slot | None]) -> Proposal:
-        (slot,) = slots
-        step = self.steps[slot.iteration]
-        ids = self.body.image_ids[slot.body[step.gather]].unsqueeze(0)
-        return Proposal(ids, [slot.iteration == 0], [True], ids.shape[1], None, [step], shift=step.shift)
+        """Every slot's forward of the schedule (its ``iteration``-th), padded to the longest with entries whose
+        position ids lie past the image (``Step.pad``), where no query reaches; padding and proxies are never kept."""
+        steps = [None if slot is None else self.steps[slot.iteration] for slot in slots]
+        fed = max(step.gather.numel() for step in steps if step is not None)
+        ids = self.body.image_ids[:1].repeat(len(slots), fed)
+        pads = [0 if step is None else step.pad for step in steps]
+        shift = to_device(pads, self.device).unsqueeze(1).repeat(1, fed)
+        for b, (slot, step) in enumerate(zip(slots, steps, strict=True)):
+            if step is not None:
+                ids[b, : step.gather.numel()] = self.body.image_ids[slot.body[step.gather]]
+                shift[b, : step.gather.numel()] = step.shift[0]
+        from_prompt = [slot is not None and slot.iteration == 0 for slot in slots]
+        return Proposal(ids, from_prompt, [step is not None for step in steps], fed, None, steps, shift=shift)
 
     def verify(self, rule: AcceptanceRule, slots: list[Slot | None], proposal: Proposal, target: torch.Tensor,
                target_entropy: torch.Tensor) -> Verified:
         """Each active row's next token, sampled from its query's ``q``. Random numbers: those of a chain window of
-        ``m`` rows (:meth:`csd.verify.WindowNoise.draw`), whose row samples are used (AR's draw at ``m = 1``: the same
-        tokens as AR when one row is active at a time); no host synchronisation (``m`` is the schedule's)."""
-        (slot,), (step,) = slots, proposal.windows
-        noise = WindowNoise.draw(1, step.commits, self.vocab, slot.generator, self.device)
-        tokens = sample_race(target[0, step.queries], noise.samples[0])
-        kinds = torch.full((1, step.commits), COMMIT_SAMPLED, dtype=torch.long, device=self.device)
-        stats = torch.zeros((1, len(STAT_KEYS)), dtype=torch.long, device=self.device)
-        return Verified([step.commits], tokens[None], kinds, target_entropy[0, step.queries][None], stats, [step.keep], None)
+        ``m`` rows from the image's generator (:meth:`csd.verify.WindowNoise.draw`), whose row samples are used (AR's
+        draw at ``m = 1``: the same tokens as AR when one row is active at a time); no host synchronisation (``m`` is
+        the schedule's)."""
+        most = max(step.commits for step in proposal.windows if step is not None)
+        tokens = torch.zeros((len(slots), most), dtype=torch.long, device=self.device)
+        entropies = target_entropy.new_zeros((len(slots), most))
+        for b, (slot, step) in enumerate(zip(slots, proposal.windows, strict=True)):
+            if step is not None:
+                noise = WindowNoise.draw(1, step.commits, self.vocab, slot.generator, self.device)
+                tokens[b, : step.commits] = sample_race(target[b, step.queries], noise.samples[0])
+                entropies[b, : step.commits] = target_entropy[b, step.queries]
+        counts = [0 if step is None else step.commits for step in proposal.windows]
+        keep = [[] if step is None else step.keep for step in proposal.windows]
+        kinds = torch.full((len(slots), most), COMMIT_SAMPLED, dtype=torch.long, device=self.device)
+        stats = torch.zeros((len(slots), len(STAT_KEYS)), dtype=torch.long, device=self.device)
+        return Verified(counts, tokens, kinds, entropies, stats, keep, None)
 
     def refresh(self, slots: list[Slot | None], proposal: Proposal, verified: Verified, target: torch.Tensor) -> None:
         """No drafts to carry."""

@@ -5,7 +5,8 @@ is AR token for token; every forward's logits equal one no-cache forward over th
 their raster position ids and ZipAR's visibility (each entry sees the entries fed up to its forward whose position
 is at most its own; a proxy only in its own forward); the sequence law of a 3 x 2 image, enumerated from that
 definition, against the engine's samples (chi-square), with AR's law as the negative control (a proxy at a wrong
-position: the forward test's); refusals in one line before any model loads.
+position: the forward test's); a batch gives each image its batch-1 tokens; refusals in one line before any model
+loads.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from csd.adapters.base import BodyLayout
 from csd.config import ConfigError, validate
 from csd.drafters import ChainDrafter, ZipARDrafter
 from csd.drafters.zipar import PROMPT_TAIL, Forward, zipar_schedule
-from csd.engine import JacobiEngine
+from csd.engine import JacobiEngine, Request
 from csd.processors import TargetPipeline
 from csd.ragged import SlotBatch
 from tests.helpers import chi_square_pvalue, exact_sequence_distribution, make_cfg, rejecting_janus
@@ -78,6 +79,17 @@ def test_records_are_in_raster_order(janus):
     assert gen.nfe == 2 * 4 + 2 * 1
     assert gen.commit_iter.view(4, 4).tolist() == [[0, 1, 2, 3], [4, 5, 6, 7], [5, 6, 7, 8], [6, 7, 8, 9]]
     assert set(gen.stats.values()) == {0}  # no drafts
+
+
+def test_a_batch_gives_each_image_its_batch_1_tokens(janus):
+    """Three slots at different points of the schedule (padded windows), refilled as images finish."""
+    requests = [Request(prompt, seed, seed) for seed, prompt in enumerate(["a cat", "a dog", "red", "a cat", "sky"])]
+    batched = dict(JacobiEngine(janus, SJD(), ZipARDrafter(window_size=2), batch_size=3).generate_many(requests))
+    one = JacobiEngine(janus, SJD(), ZipARDrafter(window_size=2))
+    for request, gen in batched.items():
+        alone = one.generate(request.prompt, request.seed)
+        assert torch.equal(gen.tokens, alone.tokens) and torch.equal(gen.commit_iter, alone.commit_iter)
+        assert gen.nfe == alone.nfe == 2 * 4 + 2 * 2
 
 
 @torch.no_grad()
@@ -169,8 +181,6 @@ def test_the_sequence_law_is_the_enumerated_one():
     (["method=csd"], "only the lossless rule applies: use method=sjd, got method=csd"),
     (["method=ar"], "use method=sjd, got method=ar"),
     (["drafter.window_size=0"], "drafter.window_size=0 must be an integer >= 1"),
-    (["engine.batch_size=2"], "drafter=zipar decodes one image at a time: set engine.batch_size=1, got 2"),
-    (["engine.batch_size=auto"], "engine.batch_size=auto may choose a batch > 1"),
     (["engine.compile=true"], "drafter=zipar runs eagerly (shifted position ids): set engine.compile=false"),
     (["model=lumina_mgpt_tiny"], "LuminaAdapter forces an end-of-line token per row"),
     (["model=emu3_tiny"], "Emu3Adapter forces an end-of-line token per row"),
