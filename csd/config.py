@@ -460,13 +460,8 @@ def validate(cfg: DictConfig) -> None:
 def _cross_checks(cfg: DictConfig) -> None:
     """The checks across keys, and the rule's and drafter's own, before any model loads."""
     m, d, drafter = cfg.method, cfg.dataset, build_drafter(cfg.drafter)
-    window = drafter.window
-    _check(m.name != "ar" or "window" in drafter.PARAMS, f"method=ar decodes one token per forward, but "
-           f"drafter={cfg.drafter.name} always drafts: use drafter=chain (the default)")
-    _check(m.name != "ar" or window == 1, f"method=ar needs drafter.window=1, got {window}")
-    _check(m.name == "ar" or window > 1, f"method={m.name} with drafter.window=1 decodes exactly like method=ar (one "
-           "token per forward, no drafts) but would be labelled and reported as another method: use method=ar, or "
-           "drafter.window >= 2")
+    problem = drafter.method_problem(m.name)
+    _check(problem is None, str(problem))
     _check(d.shard < d.num_shards, f"dataset.shard={d.shard} must be < dataset.num_shards={d.num_shards}")
     auto = cfg.engine.batch_size == "auto"  # the plan may choose any batch: the drafter must take B > 1
     problem = drafter.problem(2 if auto else cfg.engine.batch_size, cfg.engine.compile)

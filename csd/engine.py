@@ -176,9 +176,10 @@ class JacobiEngine:
         # 2 forward
         if self.drafter.reads_features:
             raw, proposal.features = state.forward(proposal.ids, proposal.from_prompt, proposal.active,
-                                                   tree=proposal.tree, features=True)
+                                                   tree=proposal.tree, features=True, shift=proposal.shift)
         else:
-            raw = state.forward(proposal.ids, proposal.from_prompt, proposal.active, tree=proposal.tree)
+            raw = state.forward(proposal.ids, proposal.from_prompt, proposal.active, tree=proposal.tree,
+                                shift=proposal.shift)
         # 3 target
         target = self.pipeline(raw[:, :, : proposal.rows])
         target_entropy = entropy(target)
@@ -214,7 +215,9 @@ class JacobiEngine:
         return slot.n >= self.adapter.layout.length
 
     def _finish(self, slot: Slot) -> Generation:
-        """The finished image's record (its decode time when it was decoded alone)."""
+        """The finished image's record (its decode time when it was decoded alone); the drafter first puts its
+        per-position values in raster order (:meth:`csd.drafters.Drafter.finish`)."""
+        self.drafter.finish(slot)
         synchronize(self.device)
         prefill_s = decode_s = drafter_s = None
         if self.batch_size == 1:

@@ -353,11 +353,13 @@ def plan_table(models: list[DictConfig], window: int, compiled: bool, sizes: tup
 
 def config_plan(cfg: DictConfig) -> tuple[MemoryPlan, float, str]:
     """The plan of a run's config, its memory budget in bytes and where that number comes from."""
-    from csd.config import resolve_device
+    from csd.config import build_drafter, resolve_device
 
     device = resolve_device(cfg.device)
     gumbel = cfg.drafter.get("coupling") == "gumbel"
-    plan = plan_memory(model_shape(cfg.model), cfg.drafter.window, cfg.engine.compile, device.type, gumbel)
+    shape, window = model_shape(cfg.model), build_drafter(cfg.drafter).window
+    # a drafter without windows (zipar: one entry per image row in flight) feeds fewer entries a forward than the body
+    plan = plan_memory(shape, shape.body_len if window is None else window, cfg.engine.compile, device.type, gumbel)
     if cfg.engine.memory_gb is not None:
         return plan, cfg.engine.memory_gb * GB, "engine.memory_gb"
     what = "free memory of " + str(device) if device.type == "cuda" else "available RAM"

@@ -26,6 +26,17 @@ from csd.processors import TargetPipeline  # noqa: E402
 from csd.ragged import SlotBatch, reference_logits  # noqa: E402
 from csd.tree import Tree  # noqa: E402
 
+
+def make_cfg(*overrides: str) -> Any:
+    """The run config of ``conf/`` with ``overrides`` (Hydra's compose API, as ``run.py`` builds it)."""
+    from hydra import compose, initialize_config_dir
+
+    from csd.config import CONF_DIR
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides))
+
+
 # --------------------------------------------------------------------------- tiny models that reject drafts
 # Seeded, fp32 tiny models whose targets have moderate entropy and move with the previous tokens, so that the
 # engine tests see rejected carried drafts, rollbacks and uneven batches (checked with decode_counts). Measured
