@@ -16,6 +16,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from scipy import stats  # noqa: E402
 
+from csd.adapters.anole import AnoleAdapter, tiny_anole_adapter  # noqa: E402
 from csd.adapters.base import ModelAdapter  # noqa: E402
 from csd.adapters.emu3 import Emu3Adapter, tiny_emu3_adapter  # noqa: E402
 from csd.adapters.janus import JanusAdapter, tiny_janus_adapter  # noqa: E402
@@ -36,6 +37,7 @@ from csd.tree import Tree  # noqa: E402
 #   rejecting_lumina()  8 codes, 3x3 + EOL: 1.2 nats (log 8 = 2.1), moves 0.60, 49 % rejected (head_scale 3, the
 #                       old test setting: 2.0 nats, nearly uniform)
 #   rejecting_emu3()    8 codes, 2x3 + EOL: 1.4 nats, moves 0.44, 51 % rejected (head_scale 3: 2.0 nats)
+#   rejecting_anole()   8 codes, 3x3 raster: 1.4 nats, moves 0.53
 # A new tiny model gets a rejecting_* builder here and a row in tests/engine/test_tiny_models.py.
 
 
@@ -52,6 +54,11 @@ def rejecting_lumina(grid: tuple[int, int] = (3, 3), **overrides: Any) -> Lumina
 def rejecting_emu3(grid: tuple[int, int] = (2, 3), **overrides: Any) -> Emu3Adapter:
     """A tiny Emu3 with moderately peaked targets (its image tokens already feed back at random init)."""
     return tiny_emu3_adapter(grid=grid, **{"head_scale": 12.0, **overrides})
+
+
+def rejecting_anole(grid: tuple[int, int] = (3, 3), **overrides: Any) -> AnoleAdapter:
+    """A tiny Anole with moderately peaked targets (the tiny Chameleon's image tokens already feed back)."""
+    return tiny_anole_adapter(grid=grid, **{"head_scale": 10.0, **overrides})
 
 
 @torch.no_grad()
