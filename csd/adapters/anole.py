@@ -17,19 +17,12 @@ What differs is the image format (GAIR-NLP/anole ``chameleon/inference/chameleon
 
 from __future__ import annotations
 
-import torch
-from transformers import ChameleonForConditionalGeneration
+from typing import Any
 
-from csd.adapters.base import BodyLayout, SamplingConfig
-from csd.adapters.lumina import (
-    ChameleonAdapter,
-    ChameleonTokens,
-    TextEncoder,
-    load_chameleon,
-    tiny_byte_encoder,
-    tiny_chameleon,
-)
-from csd.adapters.vqgan import VQGANDecoder, load_vqgan_decoder
+import torch
+
+from csd.adapters.base import BodyLayout
+from csd.adapters.lumina import ChameleonAdapter, load_chameleon_adapter, tiny_chameleon_adapter
 
 #: Anole's image grid: 1024 tokens decoded as 32 x 32 (GAIR-NLP/anole ``chameleon/inference/image_tokenizer.py``)
 ANOLE_GRID = (32, 32)
@@ -48,18 +41,10 @@ def anole_layout(rows: int, cols: int, jacobi_tail: int) -> BodyLayout:
 
 
 class AnoleAdapter(ChameleonAdapter):
-    def __init__(
-        self,
-        model: ChameleonForConditionalGeneration,
-        encode: TextEncoder,
-        tokens: ChameleonTokens,
-        vqgan: VQGANDecoder,
-        grid: tuple[int, int],
-        sampling: SamplingConfig,
-        jacobi_tail: int = 0,
-    ) -> None:
-        super().__init__(model, encode, tokens, vqgan, grid, sampling)
-        self.layout = anole_layout(self.rows, self.cols, jacobi_tail)
+    """Anole's prompt rows and raster body on the shared Chameleon adapter."""
+
+    def body_layout(self, jacobi_tail: int) -> BodyLayout:
+        return anole_layout(self.rows, self.cols, jacobi_tail)
 
     def prompt_rows(self, prompt: str) -> list[torch.Tensor]:
         t = self.tokens
@@ -70,40 +55,15 @@ class AnoleAdapter(ChameleonAdapter):
         return self.bpe_to_code[ids.view(-1, self.rows, self.cols)]
 
 
-def load_anole_adapter(
-    path: str,
-    vqgan_config: str,
-    vqgan_ckpt: str,
-    guidance_scale: float = 3.0,
-    top_k: int = 2000,
-    temperature: float = 1.0,
-    dtype: str = "bfloat16",
-    device: str = "cpu",
-    jacobi_tail: int = 0,
-    **_: object,
-) -> AnoleAdapter:
-    """Anole-7B (``leloy/Anole-7b-v0.1-hf``) plus Meta's VQGAN decoder (from ``GAIR/Anole-7b-v0.1``), 512 px."""
-    vqgan = load_vqgan_decoder(vqgan_config, vqgan_ckpt, device=device, dtype=torch.float32, source=ANOLE_VQGAN_SOURCE)
-    model, tokens, encode = load_chameleon(path, "Anole", ANOLE_HUB, dtype, device)
-    sampling = SamplingConfig(guidance_scale=guidance_scale, top_k=top_k or 0, temperature=temperature)
-    return AnoleAdapter(model, encode, tokens, vqgan, ANOLE_GRID, sampling, jacobi_tail)
+def load_anole_adapter(path: str, vqgan_config: str, vqgan_ckpt: str, **params: Any) -> AnoleAdapter:
+    """Anole-7B (``leloy/Anole-7b-v0.1-hf``) plus Meta's VQGAN decoder (from ``GAIR/Anole-7b-v0.1``), 512 px; the
+    other keys are ``csd.adapters.lumina.load_chameleon_adapter``'s (CFG 3, top-k 2000, temperature 1, bf16, no
+    plain-AR tail by default)."""
+    names = ("Anole", ANOLE_HUB, ANOLE_VQGAN_SOURCE)
+    return load_chameleon_adapter(AnoleAdapter, path, vqgan_config, vqgan_ckpt, lambda _: ANOLE_GRID, names, **params)
 
 
-def tiny_anole_adapter(
-    grid: tuple[int, int] = (3, 3),
-    codes: int = 8,
-    seed: int = 0,
-    head_scale: float = 1.0,
-    guidance_scale: float = 3.0,
-    top_k: int = 0,
-    temperature: float = 1.0,
-    jacobi_tail: int = 0,
-    device: str = "cpu",
-    dtype: str = "float32",
-    **_: object,
-) -> AnoleAdapter:
-    """A seeded random tiny Anole (the tiny Chameleon of ``csd.adapters.lumina.tiny_chameleon``, byte-level prompts)
-    for smoke runs and tests."""
-    model, tokens, vqgan = tiny_chameleon(codes, seed, head_scale, dtype, device)
-    sampling = SamplingConfig(guidance_scale=guidance_scale, top_k=top_k or 0, temperature=temperature)
-    return AnoleAdapter(model, tiny_byte_encoder, tokens, vqgan, tuple(grid), sampling, jacobi_tail)
+def tiny_anole_adapter(**params: Any) -> AnoleAdapter:
+    """A seeded random tiny Anole (``csd.adapters.lumina.tiny_chameleon_adapter``'s keys and model, byte-level
+    prompts) for smoke runs and tests."""
+    return tiny_chameleon_adapter(AnoleAdapter, **params)

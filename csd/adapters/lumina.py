@@ -24,7 +24,7 @@
 
 The Chameleon parts Anole shares (``csd.adapters.anole``) live here too: :class:`ChameleonAdapter` (the
 ``bpe2img`` token mapping, VQ decoding, embeddings and codebook), :func:`load_chameleon` (files, tokenizer, q/k
-norms) and the tiny random model (:func:`tiny_chameleon`).
+norms) and the tiny random model (:func:`tiny_chameleon_adapter`).
 """
 
 from __future__ import annotations
@@ -34,17 +34,26 @@ import os
 from abc import abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
 from transformers import ChameleonConfig, ChameleonForConditionalGeneration, PreTrainedModel
 
 from csd.adapters.base import BodyLayout, MissingWeightsError, ModelAdapter, SamplingConfig, resolve_dtype
-from csd.adapters.vqgan import VQGANConfig, VQGANDecoder, codes_from_rows, load_vqgan_decoder
+from csd.adapters.vqgan import (
+    META_VQGAN_SOURCE,
+    VQGANConfig,
+    VQGANDecoder,
+    codes_from_rows,
+    load_vqgan_decoder,
+)
 from csd.hub import download_command, load_local_first
 from csd.ragged import RaggedCache
 
 TextEncoder = Callable[[str], torch.Tensor]
+#: a Chameleon-family adapter class
+C = TypeVar("C", bound="ChameleonAdapter")
 
 PROMPT_TEMPLATE = "Generate an image of {width}x{height} according to the following prompt:\n{caption}"
 LUMINA_PATCH_TOKENS = 2  # Lumina's grid unit: 32 px = 2 latent tokens of 16 px
@@ -151,6 +160,7 @@ class ChameleonAdapter(CFGRowsAdapter):
         vqgan: VQGANDecoder,
         grid: tuple[int, int],
         sampling: SamplingConfig,
+        jacobi_tail: int = 0,
     ) -> None:
         super().__init__(model.model, model.lm_head, sampling)
         self.model, self.encode, self.tokens, self.vqgan = model, encode, tokens, vqgan.eval()
@@ -162,6 +172,11 @@ class ChameleonAdapter(CFGRowsAdapter):
         self.bpe_to_code = torch.zeros(model.config.vocab_size, dtype=torch.long, device=self.device)
         self.bpe_to_code[self.image_token_ids] = torch.arange(self.vocab_size, device=self.device)
         self.rows, self.cols = grid
+        self.layout = self.body_layout(jacobi_tail)
+
+    @abstractmethod
+    def body_layout(self, jacobi_tail: int) -> BodyLayout:
+        """The family's image body on the ``rows`` x ``cols`` grid."""
 
     @abstractmethod
     def body_codes(self, ids: torch.Tensor) -> torch.Tensor:
@@ -186,18 +201,8 @@ class ChameleonAdapter(CFGRowsAdapter):
 
 
 class LuminaAdapter(ChameleonAdapter):
-    def __init__(
-        self,
-        model: ChameleonForConditionalGeneration,
-        encode: TextEncoder,
-        tokens: ChameleonTokens,
-        vqgan: VQGANDecoder,
-        grid: tuple[int, int],
-        sampling: SamplingConfig,
-        jacobi_tail: int = 10,
-    ) -> None:
-        super().__init__(model, encode, tokens, vqgan, grid, sampling)
-        self.layout = lumina_layout(self.rows, self.cols, tokens, jacobi_tail)
+    def body_layout(self, jacobi_tail: int) -> BodyLayout:
+        return lumina_layout(self.rows, self.cols, self.tokens, jacobi_tail)
 
     def prompt_rows(self, prompt: str) -> list[torch.Tensor]:
         px = self.vqgan.config.downsample
@@ -292,29 +297,43 @@ def load_chameleon(
     return model.to(device), ChameleonTokens.from_tokenizer(tokenizer), encode
 
 
-def load_lumina_adapter(
+def load_chameleon_adapter(
+    cls: type[C],
     path: str,
     vqgan_config: str,
     vqgan_ckpt: str,
-    resolution: int = 768,
+    grid: Callable[[int], tuple[int, int]],
+    names: tuple[str, str, str],
     guidance_scale: float = 3.0,
     top_k: int = 2000,
     temperature: float = 1.0,
     dtype: str = "bfloat16",
     device: str = "cpu",
-    jacobi_tail: int = 10,
+    jacobi_tail: int = 0,
     **_: object,
-) -> LuminaAdapter:
-    """Lumina-mGPT 7B (``Alpha-VLLM/Lumina-mGPT-7B-{512,768,1024}``) plus Meta's VQGAN decoder.
+) -> C:
+    """A ``cls`` adapter on a Chameleon-family checkpoint (:func:`load_chameleon`) plus Meta's VQGAN decoder (fp32).
+
+    ``grid(pixels per token)`` is the token grid; ``names`` = (the family's name, its hub repository, where its
+    VQGAN files come from), for the missing-files errors.
+    """
+    what, hub_hint, vqgan_source = names
+    vqgan = load_vqgan_decoder(vqgan_config, vqgan_ckpt, device=device, dtype=torch.float32, source=vqgan_source)
+    model, tokens, encode = load_chameleon(path, what, hub_hint, dtype, device)
+    sampling = SamplingConfig(guidance_scale=guidance_scale, top_k=top_k or 0, temperature=temperature)
+    return cls(model, encode, tokens, vqgan, grid(vqgan.config.downsample), sampling, jacobi_tail)
+
+
+def load_lumina_adapter(path: str, vqgan_config: str, vqgan_ckpt: str, resolution: int = 768, jacobi_tail: int = 10,
+                        **params: Any) -> LuminaAdapter:
+    """Lumina-mGPT 7B (``Alpha-VLLM/Lumina-mGPT-7B-{512,768,1024}``) plus Meta's VQGAN decoder; the other keys are
+    :func:`load_chameleon_adapter`'s (CFG 3, top-k 2000, temperature 1, bf16 by default).
 
     ``resolution`` must match the checkpoint (square images, ``resolution // 16`` tokens a side).
     """
-    hub_hint = f"Alpha-VLLM/Lumina-mGPT-7B-{resolution}"
-    vqgan = load_vqgan_decoder(vqgan_config, vqgan_ckpt, device=device, dtype=torch.float32)
-    model, tokens, encode = load_chameleon(path, "Lumina-mGPT", hub_hint, dtype, device)
-    side = resolution // vqgan.config.downsample
-    sampling = SamplingConfig(guidance_scale=guidance_scale, top_k=top_k or 0, temperature=temperature)
-    return LuminaAdapter(model, encode, tokens, vqgan, (side, side), sampling, jacobi_tail)
+    names = ("Lumina-mGPT", f"Alpha-VLLM/Lumina-mGPT-7B-{resolution}", META_VQGAN_SOURCE)
+    return load_chameleon_adapter(LuminaAdapter, path, vqgan_config, vqgan_ckpt, lambda px: (resolution // px,) * 2,
+                                  names, jacobi_tail=jacobi_tail, **params)
 
 
 # ------------------------------------------------------------------------------------ tiny test model
@@ -361,10 +380,22 @@ def tiny_lumina_config(codes: int = 8, seed: int = 0, hidden: int = 32, layers: 
     return config, tokens
 
 
-def tiny_chameleon(
-    codes: int, seed: int, head_scale: float, dtype: str, device: str
-) -> tuple[ChameleonForConditionalGeneration, ChameleonTokens, VQGANDecoder]:
-    """A seeded random tiny Chameleon (:func:`tiny_lumina_config`) and a tiny random VQGAN decoder.
+def tiny_chameleon_adapter(
+    cls: type[C],
+    grid: tuple[int, int] = (3, 3),
+    codes: int = 8,
+    seed: int = 0,
+    head_scale: float = 1.0,
+    guidance_scale: float = 3.0,
+    top_k: int = 0,
+    temperature: float = 1.0,
+    jacobi_tail: int = 0,
+    device: str = "cpu",
+    dtype: str = "float32",
+    **_: object,
+) -> C:
+    """A ``cls`` adapter (Lumina-mGPT, Anole) on a seeded random tiny Chameleon (:func:`tiny_lumina_config`), a tiny
+    random VQGAN decoder and a byte-level prompt encoder, for smoke runs and tests.
 
     ``head_scale`` multiplies ``lm_head``: larger values make the targets peaked and position-dependent.
     The q/k norms get distinct per-head values, so the tiny model exercises HF's per-head layout.
@@ -379,24 +410,11 @@ def tiny_chameleon(
             for norm in (layer.self_attn.q_norm, layer.self_attn.k_norm):
                 norm.weight.normal_(1.0, 0.1)
                 norm.bias.normal_(0.0, 0.1)
-    return model.to(device=device, dtype=resolve_dtype(dtype)), tokens, vqgan.to(device=device)
-
-
-def tiny_lumina_adapter(
-    grid: tuple[int, int] = (3, 3),
-    codes: int = 8,
-    seed: int = 0,
-    head_scale: float = 1.0,
-    guidance_scale: float = 3.0,
-    top_k: int = 0,
-    temperature: float = 1.0,
-    jacobi_tail: int = 2,
-    device: str = "cpu",
-    dtype: str = "float32",
-    **_: object,
-) -> LuminaAdapter:
-    """A seeded random tiny Lumina-mGPT (:func:`tiny_chameleon`) with a byte-level prompt encoder, for smoke runs
-    and tests."""
-    model, tokens, vqgan = tiny_chameleon(codes, seed, head_scale, dtype, device)
     sampling = SamplingConfig(guidance_scale=guidance_scale, top_k=top_k or 0, temperature=temperature)
-    return LuminaAdapter(model, tiny_byte_encoder, tokens, vqgan, tuple(grid), sampling, jacobi_tail)
+    model = model.to(device=device, dtype=resolve_dtype(dtype))
+    return cls(model, tiny_byte_encoder, tokens, vqgan.to(device=device), tuple(grid), sampling, jacobi_tail)
+
+
+def tiny_lumina_adapter(jacobi_tail: int = 2, **params: Any) -> LuminaAdapter:
+    """A seeded random tiny Lumina-mGPT (:func:`tiny_chameleon_adapter`'s keys; the last 2 positions plain AR)."""
+    return tiny_chameleon_adapter(LuminaAdapter, jacobi_tail=jacobi_tail, **params)
