@@ -200,3 +200,17 @@ def test_bad_values_are_one_line_config_errors(overrides, message):
     with pytest.raises(ConfigError, match=message) as err:
         validate(make_cfg(*overrides))
     assert "\n" not in str(err.value)
+
+
+def test_paper_preset_composes_and_validates():
+    """``experiment=paper_anole_7b``: Anole-7B on COCO under LANTERN's protocol, with its caption rule."""
+    from hydra import compose, initialize_config_dir
+
+    from csd.config import CONF_DIR
+
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=["experiment=paper_anole_7b"], return_hydra_config=True)
+    assert cfg.model.name == "anole_7b" and cfg.eval.protocol == "lantern" and cfg.dataset.caption_rule == "lantern"
+    assert cfg.hydra.sweeper.params.method == "ar,sjd,lantern,csd,sjd_pac" and cfg.logger.group == "paper_anole_7b"
+    for method in cfg.hydra.sweeper.params.method.split(","):
+        validate(make_cfg("experiment=paper_anole_7b", f"method={method}"))
