@@ -73,7 +73,7 @@ def test_greedy_engine_equals_reference_loop():
 
 def test_batched_tokens_equal_batch_one():
     """SJD, 5 requests of three prompt lengths through 3 slots: tokens, NFE and stats of batch 1, with rejections
-    and uneven advances (measured: 22 rejections, 24 of 26 batched iterations uneven)."""
+    and uneven advances (measured: 26 rejections, 19 of a carried draft; 8 of 10 batched iterations uneven)."""
     a = rejecting_anole()
     reqs = [Request(PROMPTS[i % 3], seed=7 * i, key=i) for i in range(5)]
 
@@ -86,7 +86,7 @@ def test_batched_tokens_equal_batch_one():
     single, _ = decode(1)
     batched, counts = decode(3)
     assert batched == single
-    assert counts.rejections >= 10 and counts.uneven >= 5, counts
+    assert counts.rejections >= 15 and counts.carried_rejections >= 8 and counts.uneven >= 4, counts
 
 
 def test_image_decodes_through_the_vqgan():
@@ -137,7 +137,7 @@ def test_sjd_is_distribution_identical_to_ar_and_amplify_is_not():
     assert chi_square_pvalue(sjd, probs) > 1e-3
     # measured: p = 0.016, 1062 rejections, 491 of a carried draft, 1662 forwards for 600 images of 4 tokens
     assert exercised.rejections >= 500 and exercised.carried_rejections >= 200, exercised
-    assert chi_square_pvalue(counts(Amplify(factor=50), 150, 10_000)[0], probs) < 1e-6  # measured: p = 3e-21
+    assert chi_square_pvalue(counts(Amplify(factor=50), 150, 10_000)[0], probs) < 1e-6  # measured: p = 1e-26
 
 
 # -------------------------------------------------------------------------------------------- loader and config
