@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,9 @@ REAL_SHAPES: dict[str, dict[str, int]] = {
     "janus_pro_1b": dict(hidden=2048, intermediate=5632, layers=24, heads=16, kv_heads=16, vocab=102400),
     # Alpha-VLLM/Lumina-mGPT-7B-768 config.json (Chameleon 7B; the same for 512 and 1024 px)
     "lumina_mgpt_7b": dict(hidden=4096, intermediate=11008, layers=32, heads=32, kv_heads=32, vocab=65536),
+    # Anole-7B = Chameleon-7B with fine-tuned image-token rows of the output head (GAIR-NLP/anole README,
+    # "Methodology"); Chameleon-7B's shapes as torchtune's chameleon_7b builder states them
+    "anole_7b": dict(hidden=4096, intermediate=11008, layers=32, heads=32, kv_heads=32, vocab=65536),
     # BAAI/Emu3-Gen-hf config.json, text_config (grouped-query attention: 8 KV heads)
     "emu3_gen": dict(hidden=4096, intermediate=14336, layers=32, heads=32, kv_heads=8, vocab=184622),
 }
@@ -137,23 +141,39 @@ def real_text_config(name: str) -> dict[str, int]:
                 num_hidden_layers=s["layers"], num_attention_heads=s["heads"], num_key_value_heads=s["kv_heads"])
 
 
-def lumina_shape(model: DictConfig) -> dict[str, Any]:
+def chameleon_shape(model: DictConfig, real: str, real_grid: tuple[int, int] | None,
+                    body_len: Callable[[int, int], int]) -> dict[str, Any]:
+    """A Chameleon-family model (Lumina-mGPT, Anole): the tiny config of a preset with ``codes``, else the real shape
+    of :data:`REAL_SHAPES` ``real`` with Meta's VQGAN; its grid is ``real_grid`` or ``resolution // 16`` a side;
+    ``body_len(rows, cols)`` counts its body positions."""
     from transformers import ChameleonConfig, ChameleonForConditionalGeneration
 
     from csd.adapters.lumina import tiny_lumina_config, tiny_vqgan_config
     from csd.adapters.vqgan import VQGANConfig, VQGANDecoder
 
-    if model.name == "lumina_mgpt_tiny":
+    if "codes" in model:
         config, _ = tiny_lumina_config(model.codes, model.seed)
         vqgan, (rows, cols), source = tiny_vqgan_config(model.codes), tuple(model.grid), "tiny config"
     else:  # the image vocabulary map only names the image token here: no tokenizer offline
-        config = ChameleonConfig(**real_text_config("lumina_mgpt_7b"), vocabulary_map={"<image>": 8711})
+        config = ChameleonConfig(**real_text_config(real), vocabulary_map={"<image>": 8711})
         vqgan, source = VQGANConfig(), "REAL_SHAPES (hub config.json)"
-        rows = cols = model.resolution // vqgan.downsample
+        rows, cols = real_grid or (model.resolution // vqgan.downsample,) * 2
     lm = on_meta(ChameleonForConditionalGeneration, config)
     decoder = on_meta(VQGANDecoder, vqgan)
     return dict(model=lm, extra_bytes=module_bytes(decoder, torch.float32), text=config, source=source, logit_columns=config.vocab_size, image_vocab=vqgan.n_embed,
-                body_len=3 + rows * (cols + 1) + 1, prompt_len=PROMPT_LEN)
+                body_len=body_len(rows, cols), prompt_len=PROMPT_LEN)
+
+
+def lumina_shape(model: DictConfig) -> dict[str, Any]:
+    """The header (3), ``rows`` x (``cols`` + EOL) and ``<eoss>``."""
+    return chameleon_shape(model, "lumina_mgpt_7b", None, lambda rows, cols: 3 + rows * (cols + 1) + 1)
+
+
+def anole_shape(model: DictConfig) -> dict[str, Any]:
+    """``rows`` x ``cols`` image tokens (32 x 32 at 512 px), nothing else."""
+    from csd.adapters.anole import ANOLE_GRID
+
+    return chameleon_shape(model, "anole_7b", ANOLE_GRID, lambda rows, cols: rows * cols)
 
 
 def emu3_shape(model: DictConfig) -> dict[str, Any]:
@@ -230,6 +250,7 @@ FAMILIES = {
     "tiny_lumina_adapter": lumina_shape, "load_lumina_adapter": lumina_shape,
     "tiny_emu3_adapter": emu3_shape, "load_emu3_adapter": emu3_shape,
     "tiny_llamagen_adapter": llamagen_shape, "load_llamagen_adapter": llamagen_shape,
+    "tiny_anole_adapter": anole_shape, "load_anole_adapter": anole_shape,
 }
 
 

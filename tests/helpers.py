@@ -16,6 +16,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from scipy import stats  # noqa: E402
 
+from csd.adapters.anole import AnoleAdapter, tiny_anole_adapter  # noqa: E402
 from csd.adapters.base import ModelAdapter  # noqa: E402
 from csd.adapters.emu3 import Emu3Adapter, tiny_emu3_adapter  # noqa: E402
 from csd.adapters.janus import JanusAdapter, tiny_janus_adapter  # noqa: E402
@@ -49,6 +50,7 @@ def make_cfg(*overrides: str) -> Any:
 #                       old test setting: 2.0 nats, nearly uniform)
 #   rejecting_emu3()    8 codes, 2x3 + EOL: 1.4 nats, moves 0.44, 51 % rejected (head_scale 3: 2.0 nats)
 #   rejecting_llamagen() 16 codes, 4x4, text-conditional: 1.5 nats, moves 0.77 (tests/engine/test_tiny_models.py)
+#   rejecting_anole()   8 codes, 3x3 raster: 1.4 nats, moves 0.53
 # A new tiny model gets a rejecting_* builder here and a row in tests/engine/test_tiny_models.py.
 
 
@@ -70,6 +72,11 @@ def rejecting_emu3(grid: tuple[int, int] = (2, 3), **overrides: Any) -> Emu3Adap
 def rejecting_llamagen(kind: str = "t2i", **overrides: Any) -> LlamaGenAdapter:
     """A tiny LlamaGen with moderately peaked targets (its image tokens feed back at random init)."""
     return tiny_llamagen_adapter(kind, **{"head_scale": 0.5, **overrides})
+
+
+def rejecting_anole(grid: tuple[int, int] = (3, 3), **overrides: Any) -> AnoleAdapter:
+    """A tiny Anole with moderately peaked targets (the tiny Chameleon's image tokens already feed back)."""
+    return tiny_anole_adapter(grid=grid, **{"head_scale": 10.0, **overrides})
 
 
 @torch.no_grad()

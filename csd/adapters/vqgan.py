@@ -220,18 +220,24 @@ def read_state_dict(ckpt_path: str) -> dict[str, torch.Tensor]:
     return ckpt.get("state_dict", ckpt)
 
 
+#: where the tokenizer files come from, for Lumina-mGPT (the missing-file message's second sentence)
+META_VQGAN_SOURCE = (
+    "Download the Chameleon tokenizer files "
+    "(https://ai.meta.com/resources/models-and-libraries/chameleon-downloads/, gated) and point "
+    "model.vqgan_config / model.vqgan_ckpt at tokenizer/vqgan.yaml and tokenizer/vqgan.ckpt "
+    "(Lumina-mGPT keeps them in ckpts/chameleon/tokenizer/)."
+)
+
+
 def load_vqgan_decoder(
-    config_path: str, ckpt_path: str, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
+    config_path: str, ckpt_path: str, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
+    source: str = META_VQGAN_SOURCE,
 ) -> VQGANDecoder:
-    """Build the decoder from ``vqgan.yaml`` and load the decoder-side keys of ``vqgan.ckpt`` (strict)."""
+    """Build the decoder from ``vqgan.yaml`` and load the decoder-side keys of ``vqgan.ckpt`` (strict); a missing
+    file raises ``MissingWeightsError`` naming it, then ``source`` (how to get the files)."""
     for what, path in (("vqgan.yaml", config_path), ("vqgan.ckpt", ckpt_path)):
         if not path or not os.path.isfile(path):
-            raise MissingWeightsError(
-                f"Chameleon VQGAN {what} not found at {path!r}. Download the Chameleon tokenizer files "
-                "(https://ai.meta.com/resources/models-and-libraries/chameleon-downloads/, gated) and point "
-                "model.vqgan_config / model.vqgan_ckpt at tokenizer/vqgan.yaml and tokenizer/vqgan.ckpt "
-                "(Lumina-mGPT keeps them in ckpts/chameleon/tokenizer/)."
-            )
+            raise MissingWeightsError(f"Chameleon VQGAN {what} not found at {path!r}. {source}")
     decoder = VQGANDecoder(VQGANConfig.from_yaml(config_path))
     state = {k: v for k, v in read_state_dict(ckpt_path).items() if k.startswith(VQGAN_PREFIXES)}
     decoder.load_state_dict(state, strict=True)

@@ -25,7 +25,7 @@ def adapter_in(name: str, dtype: str, **overrides):
     return build_adapter(model, torch.device("cpu"))
 
 
-@pytest.mark.parametrize("name", ["janus_pro_tiny", "lumina_mgpt_tiny", "emu3_tiny", "llamagen_c2i_tiny",
+@pytest.mark.parametrize("name", ["janus_pro_tiny", "lumina_mgpt_tiny", "emu3_tiny", "anole_tiny", "llamagen_c2i_tiny",
                                   "llamagen_t2i_tiny"])  # the toy: the greedy test
 def test_every_adapter_decodes_end_to_end_in_bf16(name):
     adapter = adapter_in(name, "bfloat16")
