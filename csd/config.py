@@ -151,7 +151,8 @@ SCHEMA: dict[str, Spec | ByTarget] = {
         null="for off; the released Lumina-mGPT values: {t0: 1.5, alpha: 2.5, theta: 0.7, lo: 0.7, hi: 2.0}",
     ),
     "model.random_init": Bool(),
-    "model.grid": ByTarget(IntList(length=2, min=1), {"csd.adapters.janus.tiny_janus_adapter": Int(min=1)}),
+    "model.grid": ByTarget(IntList(length=2, min=1), {"csd.adapters.janus.tiny_janus_adapter": Int(min=1),
+                                                      "csd.adapters.llamagen.tiny_llamagen_adapter": Int(min=1)}),
     "model.codebook": Int(min=1),
     "model.codes": Int(min=1),
     "model.seed": Int(min=0),
@@ -164,6 +165,13 @@ SCHEMA: dict[str, Spec | ByTarget] = {
     "model.ratio": Str(),
     "model.image_area": Int(min=1),
     "model.positive_suffix": Str(),
+    # LlamaGen (csd/adapters/llamagen.py)
+    "model.kind": Choice(options=("c2i", "t2i")),
+    "model.gpt_model": Choice(options=("GPT-B", "GPT-L", "GPT-XL")),
+    "model.image_size": Int(min=16),
+    "model.gpt_ckpt": Str(),
+    "model.vq_ckpt": Str(),
+    "model.t5": Str(),
     "model.negative_prompt": Str(),
     # conf/dataset/*.yaml
     "dataset.name": Group(group="dataset", options=choices),
@@ -202,6 +210,7 @@ SCHEMA: dict[str, Spec | ByTarget] = {
     "eval.clip.scale": Float(gt=0),
     "eval.clip.clamp": Choice(options=("image", "mean", "none")),
     "eval.fid.reference_dir": Str(null="for dataset.fid_reference"),
+    "eval.fid.reference_stats": Str(null="for reference images"),
     "eval.fid.paired": Bool(),
     "eval.fid.transforms": StrList(check=step_error),
     "eval.fid.feature": Choice(options=(64, 192, 768, 2048)),
@@ -451,13 +460,8 @@ def validate(cfg: DictConfig) -> None:
 def _cross_checks(cfg: DictConfig) -> None:
     """The checks across keys, and the rule's and drafter's own, before any model loads."""
     m, d, drafter = cfg.method, cfg.dataset, build_drafter(cfg.drafter)
-    window = drafter.window
-    _check(m.name != "ar" or "window" in drafter.PARAMS, f"method=ar decodes one token per forward, but "
-           f"drafter={cfg.drafter.name} always drafts: use drafter=chain (the default)")
-    _check(m.name != "ar" or window == 1, f"method=ar needs drafter.window=1, got {window}")
-    _check(m.name == "ar" or window > 1, f"method={m.name} with drafter.window=1 decodes exactly like method=ar (one "
-           "token per forward, no drafts) but would be labelled and reported as another method: use method=ar, or "
-           "drafter.window >= 2")
+    problem = drafter.method_problem(m.name)
+    _check(problem is None, str(problem))
     _check(d.shard < d.num_shards, f"dataset.shard={d.shard} must be < dataset.num_shards={d.num_shards}")
     auto = cfg.engine.batch_size == "auto"  # the plan may choose any batch: the drafter must take B > 1
     problem = drafter.problem(2 if auto else cfg.engine.batch_size, cfg.engine.compile)
@@ -472,8 +476,23 @@ def _cross_checks(cfg: DictConfig) -> None:
            f"eval.protocol={OmegaConf.select(cfg, 'eval.protocol')} was published on COCO prompts chosen by "
            f"dataset.caption_rule={rule}, but dataset.caption_rule={d.get('caption_rule')}; set "
            f"dataset.caption_rule={rule}, or eval.caption_rule=null to apply its metrics to these prompts")
+    _check_class_prompts(cfg)
     build_rule(m)
     entropy_temperature(cfg.model)
+
+
+#: the loader of ``dataset=imagenet_classes``: its prompts are class ids, the only prompts a class-conditional model takes
+CLASS_ID_PROMPTS = "csd.data.imagenet.imagenet_class_prompts"
+
+
+def _check_class_prompts(cfg: DictConfig) -> None:
+    """A class-conditional model (``model.kind=c2i``) takes class ids, which only a class-id dataset holds, and a
+    captioned model takes no class ids."""
+    c2i, ids = cfg.model.get("kind") == "c2i", cfg.dataset._target_ == CLASS_ID_PROMPTS
+    _check(not c2i or ids, f"model={cfg.model.name} is class-conditional: its prompts are ImageNet class ids, but "
+           f"dataset={cfg.dataset.name} holds captions; use dataset=imagenet_classes")
+    _check(c2i or not ids, f"dataset={cfg.dataset.name} holds class ids, but model={cfg.model.name} takes captions; "
+           "use a class-conditional model (model=llamagen_c2i_b, _l, _xl or _tiny)")
 
 
 def model_preset(name: str) -> DictConfig:

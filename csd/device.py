@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import ctypes
+import platform
 import time
 from collections.abc import Sequence
 
 import torch
+
+#: glibc ``mallopt`` parameters (malloc.h) and the largest mmap threshold it accepts on 64-bit machines (32 MiB)
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+HEAP_THRESHOLD = 32 << 20
+_heap_kept = False
 
 
 def to_device(values: Sequence[int | bool], device: torch.device, dtype: torch.dtype = torch.long) -> torch.Tensor:
@@ -44,3 +51,23 @@ class Span:
     def seconds(self) -> float:
         """The span's length; on a GPU only after :func:`synchronize`."""
         return self.end - self.start if self.events is None else self.events[0].elapsed_time(self.events[1]) / 1000
+
+
+def keep_temporaries_on_heap() -> bool:
+    """On a CPU with glibc, serve allocations of up to :data:`HEAP_THRESHOLD` bytes from the heap and keep up to four
+    times that free on it: True once set (every later call is a no-op), False where there is no glibc.
+
+    glibc's malloc maps every block above its mmap threshold (128 KiB at start, raised only when such a block is freed)
+    as fresh pages and unmaps it on free, and returns a freed heap top above twice that threshold to the system, so
+    each forward's activations may fault their pages in anew, depending on the process's allocation history: 32 toy
+    images at B = 16 (SJD) faulted 2.7 M pages without this setting and 0.18 M with it (sys time 6.1 s -> 0.6 s).
+    Process-wide; values are unchanged, only where memory comes from.
+    """
+    global _heap_kept
+    if _heap_kept:
+        return True
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return False
+    libc = ctypes.CDLL("libc.so.6")
+    _heap_kept = bool(libc.mallopt(_M_MMAP_THRESHOLD, HEAP_THRESHOLD) and libc.mallopt(_M_TRIM_THRESHOLD, 4 * HEAP_THRESHOLD))
+    return _heap_kept

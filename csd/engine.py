@@ -29,7 +29,7 @@ import torch
 
 from csd.acceptance import AcceptanceRule, entropy
 from csd.adapters.base import ModelAdapter
-from csd.device import Span, synchronize
+from csd.device import Span, keep_temporaries_on_heap, synchronize
 from csd.drafters import STAT_KEYS, BodyIds, ChainDrafter, Drafter
 from csd.fast import CompiledStep
 from csd.processors import TargetPipeline
@@ -113,6 +113,8 @@ class JacobiEngine:
         self.compiled, self.batch_size = compiled, batch_size
         self.pipeline = TargetPipeline.build(adapter.sampling, adapter.raw_image_columns)
         self.device = adapter.device
+        if self.device.type == "cpu":
+            keep_temporaries_on_heap()
         self.body = BodyIds(adapter)
         self._batch: SlotBatch | None = None
         drafter.bind(adapter, self.body, compiled is not None)
@@ -174,9 +176,10 @@ class JacobiEngine:
         # 2 forward
         if self.drafter.reads_features:
             raw, proposal.features = state.forward(proposal.ids, proposal.from_prompt, proposal.active,
-                                                   tree=proposal.tree, features=True)
+                                                   tree=proposal.tree, features=True, shift=proposal.shift)
         else:
-            raw = state.forward(proposal.ids, proposal.from_prompt, proposal.active, tree=proposal.tree)
+            raw = state.forward(proposal.ids, proposal.from_prompt, proposal.active, tree=proposal.tree,
+                                shift=proposal.shift)
         # 3 target
         target = self.pipeline(raw[:, :, : proposal.rows])
         target_entropy = entropy(target)
@@ -212,7 +215,9 @@ class JacobiEngine:
         return slot.n >= self.adapter.layout.length
 
     def _finish(self, slot: Slot) -> Generation:
-        """The finished image's record (its decode time when it was decoded alone)."""
+        """The finished image's record (its decode time when it was decoded alone); the drafter first puts its
+        per-position values in raster order (:meth:`csd.drafters.Drafter.finish`)."""
+        self.drafter.finish(slot)
         synchronize(self.device)
         prefill_s = decode_s = drafter_s = None
         if self.batch_size == 1:

@@ -196,7 +196,7 @@ def check_fits(cfg: DictConfig, adapter: ModelAdapter, prompts: list[Prompt]) ->
     A compiled cache (``engine.max_cache_len``) must hold the longest prompt, the image and one window.
     """
     body, window, model = adapter.layout.length, build_drafter(cfg.drafter).window, cfg.model.name
-    if window > body:
+    if window is not None and window > body:
         if cfg.engine.compile:
             raise ConfigError(f"drafter.window={window} is longer than model={model}'s image ({body} tokens) and "
                               "engine.compile=true pads every window to drafter.window rows: set drafter.window <= "

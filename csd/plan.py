@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,9 @@ REAL_SHAPES: dict[str, dict[str, int]] = {
     "janus_pro_1b": dict(hidden=2048, intermediate=5632, layers=24, heads=16, kv_heads=16, vocab=102400),
     # Alpha-VLLM/Lumina-mGPT-7B-768 config.json (Chameleon 7B; the same for 512 and 1024 px)
     "lumina_mgpt_7b": dict(hidden=4096, intermediate=11008, layers=32, heads=32, kv_heads=32, vocab=65536),
+    # Anole-7B = Chameleon-7B with fine-tuned image-token rows of the output head (GAIR-NLP/anole README,
+    # "Methodology"); Chameleon-7B's shapes as torchtune's chameleon_7b builder states them
+    "anole_7b": dict(hidden=4096, intermediate=11008, layers=32, heads=32, kv_heads=32, vocab=65536),
     # BAAI/Emu3-Gen-hf config.json, text_config (grouped-query attention: 8 KV heads)
     "emu3_gen": dict(hidden=4096, intermediate=14336, layers=32, heads=32, kv_heads=8, vocab=184622),
 }
@@ -137,23 +141,39 @@ def real_text_config(name: str) -> dict[str, int]:
                 num_hidden_layers=s["layers"], num_attention_heads=s["heads"], num_key_value_heads=s["kv_heads"])
 
 
-def lumina_shape(model: DictConfig) -> dict[str, Any]:
+def chameleon_shape(model: DictConfig, real: str, real_grid: tuple[int, int] | None,
+                    body_len: Callable[[int, int], int]) -> dict[str, Any]:
+    """A Chameleon-family model (Lumina-mGPT, Anole): the tiny config of a preset with ``codes``, else the real shape
+    of :data:`REAL_SHAPES` ``real`` with Meta's VQGAN; its grid is ``real_grid`` or ``resolution // 16`` a side;
+    ``body_len(rows, cols)`` counts its body positions."""
     from transformers import ChameleonConfig, ChameleonForConditionalGeneration
 
     from csd.adapters.lumina import tiny_lumina_config, tiny_vqgan_config
     from csd.adapters.vqgan import VQGANConfig, VQGANDecoder
 
-    if model.name == "lumina_mgpt_tiny":
+    if "codes" in model:
         config, _ = tiny_lumina_config(model.codes, model.seed)
         vqgan, (rows, cols), source = tiny_vqgan_config(model.codes), tuple(model.grid), "tiny config"
     else:  # the image vocabulary map only names the image token here: no tokenizer offline
-        config = ChameleonConfig(**real_text_config("lumina_mgpt_7b"), vocabulary_map={"<image>": 8711})
+        config = ChameleonConfig(**real_text_config(real), vocabulary_map={"<image>": 8711})
         vqgan, source = VQGANConfig(), "REAL_SHAPES (hub config.json)"
-        rows = cols = model.resolution // vqgan.downsample
+        rows, cols = real_grid or (model.resolution // vqgan.downsample,) * 2
     lm = on_meta(ChameleonForConditionalGeneration, config)
     decoder = on_meta(VQGANDecoder, vqgan)
     return dict(model=lm, extra_bytes=module_bytes(decoder, torch.float32), text=config, source=source, logit_columns=config.vocab_size, image_vocab=vqgan.n_embed,
-                body_len=3 + rows * (cols + 1) + 1, prompt_len=PROMPT_LEN)
+                body_len=body_len(rows, cols), prompt_len=PROMPT_LEN)
+
+
+def lumina_shape(model: DictConfig) -> dict[str, Any]:
+    """The header (3), ``rows`` x (``cols`` + EOL) and ``<eoss>``."""
+    return chameleon_shape(model, "lumina_mgpt_7b", None, lambda rows, cols: 3 + rows * (cols + 1) + 1)
+
+
+def anole_shape(model: DictConfig) -> dict[str, Any]:
+    """``rows`` x ``cols`` image tokens (32 x 32 at 512 px), nothing else."""
+    from csd.adapters.anole import ANOLE_GRID
+
+    return chameleon_shape(model, "anole_7b", ANOLE_GRID, lambda rows, cols: rows * cols)
 
 
 def emu3_shape(model: DictConfig) -> dict[str, Any]:
@@ -185,12 +205,52 @@ def toy_shape(model: DictConfig) -> dict[str, Any]:
                 logit_columns=config.vocab_size, image_vocab=GRID * GRID, body_len=GRID * GRID, prompt_len=PROMPT_LEN)
 
 
+def llamagen_shape(model: DictConfig) -> dict[str, Any]:
+    """Our LlamaGen GPT (csd/adapters/llamagen_gpt.py) of the preset's shape; the caption encoder (flan-t5-xl, 1.2 B
+    parameters in the encoder half) is counted from its transformers config."""
+    from transformers import T5Config, T5EncoderModel
+
+    from csd.adapters.base import resolve_dtype
+    from csd.adapters.llamagen import (
+        GPT_SHAPES,
+        decoder_only,
+        tiny_llamagen_config,
+        tiny_vq16_config,
+        vq16_config,
+    )
+    from csd.adapters.llamagen_gpt import LlamaGenConfig, LlamaGenGPT
+
+    if "gpt_model" in model:
+        layers, heads, width = GPT_SHAPES[model.gpt_model]
+        grid, t2i = model.image_size // 16, model.kind == "t2i"
+        config = LlamaGenConfig(model_type=model.kind, hidden_size=width, num_hidden_layers=layers,
+                                num_attention_heads=heads, cls_token_num=120 if t2i else 1, grid=grid)
+        source, encoder = "GPT_SHAPES (the original's GPT_models)", T5Config.from_dict(FLAN_T5_XL) if t2i else None
+        vq = vq16_config(grid)
+    else:
+        config, grid, encoder = tiny_llamagen_config(model.kind, model.grid, model.codebook), model.grid, None
+        source, vq = "tiny config", tiny_vq16_config(model.grid, model.codebook)
+    extra = module_bytes(on_meta(decoder_only, vq), torch.float32)  # the VQ decoder runs in fp32
+    if encoder is not None:
+        extra += module_bytes(on_meta(T5EncoderModel, encoder), resolve_dtype(model.dtype))
+    return dict(model=on_meta(LlamaGenGPT, config), extra_bytes=extra, text=config, source=source,
+                logit_columns=config.vocab_size, image_vocab=config.vocab_size, body_len=grid * grid,
+                prompt_len=config.cls_token_num)
+
+
+#: flan-t5-xl's encoder shape (google/flan-t5-xl config.json)
+FLAN_T5_XL = dict(vocab_size=32128, d_model=2048, d_kv=64, d_ff=5120, num_layers=24, num_heads=32,
+                  feed_forward_proj="gated-gelu")
+
+
 #: the loader function named by a model config's ``_target_`` -> how its shape is read
 FAMILIES = {
     "load_toy_adapter": toy_shape, "load_toy_draft_adapter": toy_shape,
     "tiny_janus_adapter": janus_shape, "load_janus_adapter": janus_shape,
     "tiny_lumina_adapter": lumina_shape, "load_lumina_adapter": lumina_shape,
     "tiny_emu3_adapter": emu3_shape, "load_emu3_adapter": emu3_shape,
+    "tiny_llamagen_adapter": llamagen_shape, "load_llamagen_adapter": llamagen_shape,
+    "tiny_anole_adapter": anole_shape, "load_anole_adapter": anole_shape,
 }
 
 
@@ -314,11 +374,13 @@ def plan_table(models: list[DictConfig], window: int, compiled: bool, sizes: tup
 
 def config_plan(cfg: DictConfig) -> tuple[MemoryPlan, float, str]:
     """The plan of a run's config, its memory budget in bytes and where that number comes from."""
-    from csd.config import resolve_device
+    from csd.config import build_drafter, resolve_device
 
     device = resolve_device(cfg.device)
     gumbel = cfg.drafter.get("coupling") == "gumbel"
-    plan = plan_memory(model_shape(cfg.model), cfg.drafter.window, cfg.engine.compile, device.type, gumbel)
+    shape, window = model_shape(cfg.model), build_drafter(cfg.drafter).window
+    # a drafter without windows (zipar: one entry per image row in flight) feeds fewer entries a forward than the body
+    plan = plan_memory(shape, shape.body_len if window is None else window, cfg.engine.compile, device.type, gumbel)
     if cfg.engine.memory_gb is not None:
         return plan, cfg.engine.memory_gb * GB, "engine.memory_gb"
     what = "free memory of " + str(device) if device.type == "cuda" else "available RAM"

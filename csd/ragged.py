@@ -80,6 +80,9 @@ class RaggedCache:
         self.num_layers = config.num_hidden_layers
         self.rows, self.dtype, self.device = rows, dtype, torch.device(device)
         self.capacity = 0
+        #: ``[R, capacity]`` position id of every entry, kept from the first shifted forward on (``extend(shift=...)``;
+        #: None before: every entry's position id is its index)
+        self.key_pos: torch.Tensor | None = None
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
         self.grow(capacity)
@@ -107,6 +110,8 @@ class RaggedCache:
         for src, dst in zip(old, new[:len(old)], strict=True):
             dst[:, :, :self.capacity] = src
         self.keys, self.values = new[:self.num_layers], new[self.num_layers:]
+        if self.key_pos is not None:
+            self.key_pos = torch.cat([self.key_pos, torch.arange(self.capacity, capacity, device=self.device).repeat(self.rows, 1)], 1)
         self.capacity = capacity
 
     def reset(self, rows: slice, no_prompt: Sequence[bool] | None = None) -> None:
@@ -120,13 +125,17 @@ class RaggedCache:
         for r, start in zip(indices, starts, strict=True):
             self.filled[r] = start
 
-    def extend(self, rows: slice, q: int, advance: Sequence[bool] | None = None,
-               tree: TreeMask | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def extend(self, rows: slice, q: int, advance: Sequence[bool] | None = None, tree: TreeMask | None = None,
+               shift: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Reserve ``q`` entries on each of ``rows`` for the next forward; returns its ``position_ids [A, q]`` and
         additive ``attention_mask [A, 1, q, bound]`` (0 where key ``k <= lengths[r] + j``, dtype min elsewhere;
         ``bound``: :func:`key_bound` of the advancing rows' new lengths, the whole capacity when ``fixed``).
         ``tree`` (a tree window, ``csd.tree``): entry ``j`` still goes to index ``lengths[r] + j``, but its position
-        id is ``lengths[r] + depth[j]`` and it sees the prefix, its ancestors and itself only.
+        id is ``lengths[r] + depth[j]`` and it sees the prefix, its ancestors and itself only. ``shift [A, q]`` (windows
+        that write in another order than their positions: ZipAR, docs/ALGORITHMS.md "ZipAR"): entry ``j`` still goes to
+        index ``lengths[r] + j``, its position id is ``lengths[r] + j + shift[r, j]``, and it sees exactly the entries
+        written so far (this window's included) whose position id is at most its own. Once a forward was shifted the
+        cache keeps every entry's position id (``key_pos``).
 
         Rows not flagged in ``advance`` (default: all flagged) keep their length: their entries are written
         past it (clamped to the last one, so a full row may lose its last entry) and never attended to.
@@ -144,16 +153,12 @@ class RaggedCache:
         self._bound = self.capacity if self.fixed else key_bound(needed, self.capacity)
         write = positions
         if tree is not None:
-            visible = tree.visible(self.lengths[rows], self._bound)
             positions = self.lengths[rows, None] + tree.depth
-            mask = torch.zeros(visible.shape, dtype=self.dtype, device=self.device)
-            mask.masked_fill_(~visible, torch.finfo(self.dtype).min)
-        elif self.fixed:
-            visible = torch.arange(self._bound, device=self.device) <= positions[:, :, None]
-            mask = torch.zeros(visible.shape, dtype=self.dtype, device=self.device)
-            mask.masked_fill_(~visible, torch.finfo(self.dtype).min)
-        else:  # the same values, read from a table: one gather instead of four kernels per forward
-            mask = self.causal_masks()[:, : self._bound][positions]
+        elif shift is not None:
+            positions = positions + shift
+        if shift is not None or self.key_pos is not None:
+            self._record_positions(rows, write, positions)
+        mask = self._mask(rows, q, positions, tree, shift is not None)
         starts = {self.filled[r] for r in indices}
         same_start = len(starts) == 1 and min(starts) >= 0 and all(advance)
         self._span = slice(min(starts), min(starts) + q) if same_start and tree is None and not self.fixed else None
@@ -167,6 +172,28 @@ class RaggedCache:
         for r, grows in zip(indices, advance, strict=True):
             self.filled[r] += q * grows
         return positions, mask.unsqueeze(1)
+
+    def _mask(self, rows: slice, q: int, positions: torch.Tensor, tree: TreeMask | None, shifted: bool) -> torch.Tensor:
+        """The additive mask ``[A, q, bound]`` of :meth:`extend` (before ``lengths`` advance)."""
+        if tree is not None:
+            visible = tree.visible(self.lengths[rows], self._bound)
+        elif shifted:  # the entries written so far whose position id is at most the query's
+            written = torch.arange(self._bound, device=self.device) < (self.lengths[rows] + q)[:, None]
+            visible = written[:, None, :] & (self.key_pos[rows, : self._bound][:, None, :] <= positions[:, :, None])
+        elif self.fixed:
+            visible = torch.arange(self._bound, device=self.device) <= positions[:, :, None]
+        else:  # the same values, read from a table: one gather instead of four kernels per forward
+            return self.causal_masks()[:, : self._bound][positions]
+        mask = torch.zeros(visible.shape, dtype=self.dtype, device=self.device)
+        return mask.masked_fill_(~visible, torch.finfo(self.dtype).min)
+
+    def _record_positions(self, rows: slice, write: torch.Tensor, positions: torch.Tensor) -> None:
+        """Keep the position ids ``positions [A, q]`` of the entries written at ``write [A, q]`` (from the first shifted
+        forward on; the entries written before it have position id = index)."""
+        if self.key_pos is None:
+            self.key_pos = torch.arange(self.capacity, device=self.device).repeat(self.rows, 1)
+        index = torch.arange(positions.shape[0], device=self.device)[:, None]
+        self.key_pos[rows][index, write] = positions
 
     def causal_masks(self) -> torch.Tensor:
         """``[capacity, capacity]`` additive masks: row ``p`` is 0 for keys ``k <= p``, dtype min after."""
@@ -202,6 +229,8 @@ class RaggedCache:
                 start = self.filled[r] - q
                 for buffer in self.keys + self.values:
                     buffer[r, :, start + dst] = buffer[r, :, start + src]
+                if self.key_pos is not None:
+                    self.key_pos[r, start + dst] = self.key_pos[r, start + src]
         self.rollback([q - len(keep) if r in rows else 0 for r in range(self.rows)])
 
     def rollback(self, n: Sequence[int]) -> None:
@@ -296,19 +325,23 @@ class SlotBatch:
 
     @torch.no_grad()
     def forward(self, ids: torch.Tensor, from_prompt: Sequence[bool], active: Sequence[bool],
-                tree: TreeMask | None = None, features: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+                tree: TreeMask | None = None, features: bool = False,
+                shift: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """One forward of every slot's window ``ids [B, K]`` (column 0 the anchor; the prompt's last token where
         ``from_prompt``): raw logits ``[B, rows, K, V]``, row for row those of :func:`reference_logits`. Inactive
         slots' caches do not advance and their logits are meaningless. A row with an empty prompt has no context for
         its placeholder anchor's prediction: that column is the slot's first row's (under CFG: the prediction is
         unguided). ``tree``: every slot's window is that tree (``RaggedCache.extend``; eager only). ``features``:
         also return the decoder's last hidden states ``[B, rows, K, D]`` the logits were computed from
-        (``logits = adapter.head(features)``, the same forward), as ``(logits, features)``."""
+        (``logits = adapter.head(features)``, the same forward), as ``(logits, features)``. ``shift [B, K]``: each
+        slot's position-id shifts (``RaggedCache.extend``; eager only)."""
         slots, k = ids.shape
         if slots != self.slots or self.prompt_tail is None:
             raise ValueError(f"forward needs ids for all {self.slots} slots after a prefill, got {slots}")
         if tree is not None and not self.tree_attention:
             raise ValueError("tree windows run on the eager cache: engine.compile must be false")
+        if shift is not None and self.compiled is not None:
+            raise ValueError("shifted position ids run on the eager cache: engine.compile must be false")
         rows = self.rows
         inputs = self.adapter.body_inputs(ids.to(self.cache.device).repeat_interleave(rows, dim=0))
         anchors = to_device(from_prompt, inputs.device, torch.bool).repeat_interleave(rows)
@@ -317,7 +350,9 @@ class SlotBatch:
         advance = [a for a in active for _ in range(rows)]
         if tree is not None:  # a tree's nodes may reach past the body by its siblings: room beyond the reserve
             self.cache.grow(max(self.cache.filled) + k)
-        position_ids, mask = self.cache.extend(slice(0, self.cache.rows), k, advance, tree)
+        if shift is not None:
+            shift = shift.to(self.cache.device).repeat_interleave(rows, dim=0)
+        position_ids, mask = self.cache.extend(slice(0, self.cache.rows), k, advance, tree, shift)
         self.ran = list(active)
         hidden = None
         if features:

@@ -16,14 +16,27 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from scipy import stats  # noqa: E402
 
+from csd.adapters.anole import AnoleAdapter, tiny_anole_adapter  # noqa: E402
 from csd.adapters.base import ModelAdapter  # noqa: E402
 from csd.adapters.emu3 import Emu3Adapter, tiny_emu3_adapter  # noqa: E402
 from csd.adapters.janus import JanusAdapter, tiny_janus_adapter  # noqa: E402
+from csd.adapters.llamagen import LlamaGenAdapter, tiny_llamagen_adapter  # noqa: E402
 from csd.adapters.lumina import LuminaAdapter, tiny_lumina_adapter  # noqa: E402
 from csd.engine import JacobiEngine  # noqa: E402
 from csd.processors import TargetPipeline  # noqa: E402
 from csd.ragged import SlotBatch, reference_logits  # noqa: E402
 from csd.tree import Tree  # noqa: E402
+
+
+def make_cfg(*overrides: str) -> Any:
+    """The run config of ``conf/`` with ``overrides`` (Hydra's compose API, as ``run.py`` builds it)."""
+    from hydra import compose, initialize_config_dir
+
+    from csd.config import CONF_DIR
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides))
+
 
 # --------------------------------------------------------------------------- tiny models that reject drafts
 # Seeded, fp32 tiny models whose targets have moderate entropy and move with the previous tokens, so that the
@@ -36,6 +49,8 @@ from csd.tree import Tree  # noqa: E402
 #   rejecting_lumina()  8 codes, 3x3 + EOL: 1.2 nats (log 8 = 2.1), moves 0.60, 49 % rejected (head_scale 3, the
 #                       old test setting: 2.0 nats, nearly uniform)
 #   rejecting_emu3()    8 codes, 2x3 + EOL: 1.4 nats, moves 0.44, 51 % rejected (head_scale 3: 2.0 nats)
+#   rejecting_llamagen() 16 codes, 4x4, text-conditional: 1.5 nats, moves 0.77 (tests/engine/test_tiny_models.py)
+#   rejecting_anole()   8 codes, 3x3 raster: 1.4 nats, moves 0.53
 # A new tiny model gets a rejecting_* builder here and a row in tests/engine/test_tiny_models.py.
 
 
@@ -52,6 +67,16 @@ def rejecting_lumina(grid: tuple[int, int] = (3, 3), **overrides: Any) -> Lumina
 def rejecting_emu3(grid: tuple[int, int] = (2, 3), **overrides: Any) -> Emu3Adapter:
     """A tiny Emu3 with moderately peaked targets (its image tokens already feed back at random init)."""
     return tiny_emu3_adapter(grid=grid, **{"head_scale": 12.0, **overrides})
+
+
+def rejecting_llamagen(kind: str = "t2i", **overrides: Any) -> LlamaGenAdapter:
+    """A tiny LlamaGen with moderately peaked targets (its image tokens feed back at random init)."""
+    return tiny_llamagen_adapter(kind, **{"head_scale": 0.5, **overrides})
+
+
+def rejecting_anole(grid: tuple[int, int] = (3, 3), **overrides: Any) -> AnoleAdapter:
+    """A tiny Anole with moderately peaked targets (the tiny Chameleon's image tokens already feed back)."""
+    return tiny_anole_adapter(grid=grid, **{"head_scale": 10.0, **overrides})
 
 
 @torch.no_grad()

@@ -21,6 +21,10 @@
   ``repeat_interleave``'d once after loading (:func:`expand_qk_norms`).
 * Pixels: Meta's VQGAN decoder (``csd.adapters.vqgan``); uint8 as Lumina does it, ``((x.clamp(-1, 1) + 1)
   / 2 * 255)`` truncated.
+
+The Chameleon parts Anole shares (``csd.adapters.anole``) live here too: :class:`ChameleonAdapter` (the
+``bpe2img`` token mapping, VQ decoding, embeddings and codebook), :func:`load_chameleon` (files, tokenizer, q/k
+norms) and the tiny random model (:func:`tiny_chameleon_adapter`).
 """
 
 from __future__ import annotations
@@ -30,17 +34,26 @@ import os
 from abc import abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
 from transformers import ChameleonConfig, ChameleonForConditionalGeneration, PreTrainedModel
 
 from csd.adapters.base import BodyLayout, MissingWeightsError, ModelAdapter, SamplingConfig, resolve_dtype
-from csd.adapters.vqgan import VQGANConfig, VQGANDecoder, codes_from_rows, load_vqgan_decoder
+from csd.adapters.vqgan import (
+    META_VQGAN_SOURCE,
+    VQGANConfig,
+    VQGANDecoder,
+    codes_from_rows,
+    load_vqgan_decoder,
+)
 from csd.hub import download_command, load_local_first
 from csd.ragged import RaggedCache
 
 TextEncoder = Callable[[str], torch.Tensor]
+#: a Chameleon-family adapter class
+C = TypeVar("C", bound="ChameleonAdapter")
 
 PROMPT_TEMPLATE = "Generate an image of {width}x{height} according to the following prompt:\n{caption}"
 LUMINA_PATCH_TOKENS = 2  # Lumina's grid unit: 32 px = 2 latent tokens of 16 px
@@ -131,7 +144,14 @@ def lumina_layout(rows: int, cols: int, tokens: ChameleonTokens, jacobi_tail: in
     return BodyLayout.from_forced(forced, (rows, cols), jacobi_tail)
 
 
-class LuminaAdapter(CFGRowsAdapter):
+class ChameleonAdapter(CFGRowsAdapter):
+    """A ``ChameleonForConditionalGeneration`` with Meta's VQGAN decoder: the parts Lumina-mGPT and Anole share.
+
+    Image-token ids map to VQ codes through ``vocabulary_mapping.bpe2img`` (a permutation, not an offset): the
+    target's index ``v`` is token id ``image_token_ids[v]``, ``bpe_to_code`` is the inverse as a dense table. A
+    family says where its body's image tokens sit (:meth:`body_codes`), its prompt rows and its layout.
+    """
+
     def __init__(
         self,
         model: ChameleonForConditionalGeneration,
@@ -140,7 +160,7 @@ class LuminaAdapter(CFGRowsAdapter):
         vqgan: VQGANDecoder,
         grid: tuple[int, int],
         sampling: SamplingConfig,
-        jacobi_tail: int = 10,
+        jacobi_tail: int = 0,
     ) -> None:
         super().__init__(model.model, model.lm_head, sampling)
         self.model, self.encode, self.tokens, self.vqgan = model, encode, tokens, vqgan.eval()
@@ -152,16 +172,20 @@ class LuminaAdapter(CFGRowsAdapter):
         self.bpe_to_code = torch.zeros(model.config.vocab_size, dtype=torch.long, device=self.device)
         self.bpe_to_code[self.image_token_ids] = torch.arange(self.vocab_size, device=self.device)
         self.rows, self.cols = grid
-        self.layout = lumina_layout(self.rows, self.cols, tokens, jacobi_tail)
+        self.layout = self.body_layout(jacobi_tail)
 
-    def prompt_rows(self, prompt: str) -> list[torch.Tensor]:
-        px = self.vqgan.config.downsample
-        text = PROMPT_TEMPLATE.format(width=self.cols * px, height=self.rows * px, caption=prompt)
-        cond = torch.cat([torch.tensor([self.tokens.bos]), self.encode(text), torch.tensor([self.tokens.end_of_turn])])
-        return [cond, cond[:0]] if self.uses_cfg else [cond]
+    @abstractmethod
+    def body_layout(self, jacobi_tail: int) -> BodyLayout:
+        """The family's image body on the ``rows`` x ``cols`` grid."""
+
+    @abstractmethod
+    def body_codes(self, ids: torch.Tensor) -> torch.Tensor:
+        """Body token ids ``[B, layout.length]`` (on the device) -> VQ codes ``[B, rows, cols]``."""
 
     def decode_images(self, ids: torch.Tensor) -> torch.Tensor:
-        codes = codes_from_rows(ids[:, 3:-1].to(self.device), self.bpe_to_code, self.cols)
+        """Meta's decoder, then uint8 as Meta's and Lumina's code do it: ``((x.clamp(-1, 1) + 1) / 2 * 255)``
+        truncated."""
+        codes = self.body_codes(ids.to(self.device))
         with torch.no_grad():
             pixels = self.vqgan(codes)
         return ((pixels.float().clamp(-1, 1) + 1) / 2 * 255).to(torch.uint8).permute(0, 2, 3, 1).cpu()
@@ -174,6 +198,20 @@ class LuminaAdapter(CFGRowsAdapter):
 
     def describe(self) -> dict[str, object]:
         return {**super().describe(), "jacobi_tail": self.layout.jacobi_tail, "vq_downsample": self.vqgan.config.downsample}
+
+
+class LuminaAdapter(ChameleonAdapter):
+    def body_layout(self, jacobi_tail: int) -> BodyLayout:
+        return lumina_layout(self.rows, self.cols, self.tokens, jacobi_tail)
+
+    def prompt_rows(self, prompt: str) -> list[torch.Tensor]:
+        px = self.vqgan.config.downsample
+        text = PROMPT_TEMPLATE.format(width=self.cols * px, height=self.rows * px, caption=prompt)
+        cond = torch.cat([torch.tensor([self.tokens.bos]), self.encode(text), torch.tensor([self.tokens.end_of_turn])])
+        return [cond, cond[:0]] if self.uses_cfg else [cond]
+
+    def body_codes(self, ids: torch.Tensor) -> torch.Tensor:
+        return codes_from_rows(ids[:, 3:-1], self.bpe_to_code, self.cols)
 
 
 # --------------------------------------------------------------------------------------------- loaders
@@ -228,28 +266,19 @@ def _local_dir(path: str, what: str, hub_hint: str) -> str:
         ) from err
 
 
-def load_lumina_adapter(
-    path: str,
-    vqgan_config: str,
-    vqgan_ckpt: str,
-    resolution: int = 768,
-    guidance_scale: float = 3.0,
-    top_k: int = 2000,
-    temperature: float = 1.0,
-    dtype: str = "bfloat16",
-    device: str = "cpu",
-    jacobi_tail: int = 10,
-    **_: object,
-) -> LuminaAdapter:
-    """Lumina-mGPT 7B (``Alpha-VLLM/Lumina-mGPT-7B-{512,768,1024}``) plus Meta's VQGAN decoder.
+def load_chameleon(
+    path: str, what: str, hub_hint: str, dtype: str, device: str
+) -> tuple[ChameleonForConditionalGeneration, ChameleonTokens, TextEncoder]:
+    """A Chameleon-family checkpoint (a local directory or a hub id), its image-format token ids and its text
+    encoder (no special tokens added).
 
-    ``resolution`` must match the checkpoint (square images, ``resolution // 16`` tokens a side).
+    Lumina-mGPT's q/k norms are converted (:func:`expand_qk_norms`); a checkpoint already in transformers' layout
+    loads unchanged. Any other shape mismatch is an error; missing files raise ``MissingWeightsError`` naming
+    ``hf download <hub_hint>``.
     """
     from transformers import AutoTokenizer
 
-    hub_hint = f"Alpha-VLLM/Lumina-mGPT-7B-{resolution}"
-    vqgan = load_vqgan_decoder(vqgan_config, vqgan_ckpt, device=device, dtype=torch.float32)
-    model_dir = _local_dir(path, "Lumina-mGPT", hub_hint)
+    model_dir = _local_dir(path, what, hub_hint)
     if not os.path.isfile(os.path.join(model_dir, "config.json")):
         raise MissingWeightsError(f"{model_dir!r} has no config.json; download {hub_hint} into it")
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -260,15 +289,51 @@ def load_lumina_adapter(
     mismatched = {m[0] if isinstance(m, tuple) else m for m in info.get("mismatched_keys", [])}
     unexpected = sorted(mismatched - set(fixed))
     if unexpected:
-        raise ValueError(f"Lumina-mGPT checkpoint: unexpected shape mismatches {unexpected[:5]}")
-    tokens = ChameleonTokens.from_tokenizer(tokenizer)
+        raise ValueError(f"{what} checkpoint: unexpected shape mismatches {unexpected[:5]}")
 
     def encode(text: str) -> torch.Tensor:
         return torch.tensor(tokenizer.encode(text, add_special_tokens=False), dtype=torch.long)
 
-    side = resolution // vqgan.config.downsample
+    return model.to(device), ChameleonTokens.from_tokenizer(tokenizer), encode
+
+
+def load_chameleon_adapter(
+    cls: type[C],
+    path: str,
+    vqgan_config: str,
+    vqgan_ckpt: str,
+    grid: Callable[[int], tuple[int, int]],
+    names: tuple[str, str, str],
+    guidance_scale: float = 3.0,
+    top_k: int = 2000,
+    temperature: float = 1.0,
+    dtype: str = "bfloat16",
+    device: str = "cpu",
+    jacobi_tail: int = 0,
+    **_: object,
+) -> C:
+    """A ``cls`` adapter on a Chameleon-family checkpoint (:func:`load_chameleon`) plus Meta's VQGAN decoder (fp32).
+
+    ``grid(pixels per token)`` is the token grid; ``names`` = (the family's name, its hub repository, where its
+    VQGAN files come from), for the missing-files errors.
+    """
+    what, hub_hint, vqgan_source = names
+    vqgan = load_vqgan_decoder(vqgan_config, vqgan_ckpt, device=device, dtype=torch.float32, source=vqgan_source)
+    model, tokens, encode = load_chameleon(path, what, hub_hint, dtype, device)
     sampling = SamplingConfig(guidance_scale=guidance_scale, top_k=top_k or 0, temperature=temperature)
-    return LuminaAdapter(model.to(device), encode, tokens, vqgan, (side, side), sampling, jacobi_tail)
+    return cls(model, encode, tokens, vqgan, grid(vqgan.config.downsample), sampling, jacobi_tail)
+
+
+def load_lumina_adapter(path: str, vqgan_config: str, vqgan_ckpt: str, resolution: int = 768, jacobi_tail: int = 10,
+                        **params: Any) -> LuminaAdapter:
+    """Lumina-mGPT 7B (``Alpha-VLLM/Lumina-mGPT-7B-{512,768,1024}``) plus Meta's VQGAN decoder; the other keys are
+    :func:`load_chameleon_adapter`'s (CFG 3, top-k 2000, temperature 1, bf16 by default).
+
+    ``resolution`` must match the checkpoint (square images, ``resolution // 16`` tokens a side).
+    """
+    names = ("Lumina-mGPT", f"Alpha-VLLM/Lumina-mGPT-7B-{resolution}", META_VQGAN_SOURCE)
+    return load_chameleon_adapter(LuminaAdapter, path, vqgan_config, vqgan_ckpt, lambda px: (resolution // px,) * 2,
+                                  names, jacobi_tail=jacobi_tail, **params)
 
 
 # ------------------------------------------------------------------------------------ tiny test model
@@ -315,7 +380,8 @@ def tiny_lumina_config(codes: int = 8, seed: int = 0, hidden: int = 32, layers: 
     return config, tokens
 
 
-def tiny_lumina_adapter(
+def tiny_chameleon_adapter(
+    cls: type[C],
     grid: tuple[int, int] = (3, 3),
     codes: int = 8,
     seed: int = 0,
@@ -323,12 +389,13 @@ def tiny_lumina_adapter(
     guidance_scale: float = 3.0,
     top_k: int = 0,
     temperature: float = 1.0,
-    jacobi_tail: int = 2,
+    jacobi_tail: int = 0,
     device: str = "cpu",
     dtype: str = "float32",
     **_: object,
-) -> LuminaAdapter:
-    """A seeded random tiny Lumina-mGPT (real Chameleon classes + a tiny random VQGAN) for smoke runs and tests.
+) -> C:
+    """A ``cls`` adapter (Lumina-mGPT, Anole) on a seeded random tiny Chameleon (:func:`tiny_lumina_config`), a tiny
+    random VQGAN decoder and a byte-level prompt encoder, for smoke runs and tests.
 
     ``head_scale`` multiplies ``lm_head``: larger values make the targets peaked and position-dependent.
     The q/k norms get distinct per-head values, so the tiny model exercises HF's per-head layout.
@@ -344,9 +411,10 @@ def tiny_lumina_adapter(
                 norm.weight.normal_(1.0, 0.1)
                 norm.bias.normal_(0.0, 0.1)
     sampling = SamplingConfig(guidance_scale=guidance_scale, top_k=top_k or 0, temperature=temperature)
-    torch_dtype = resolve_dtype(dtype)
-    return LuminaAdapter(
-        model.to(device=device, dtype=torch_dtype), tiny_byte_encoder, tokens,
-        vqgan.to(device=device), tuple(grid), sampling, jacobi_tail,
-    )
+    model = model.to(device=device, dtype=resolve_dtype(dtype))
+    return cls(model, tiny_byte_encoder, tokens, vqgan.to(device=device), tuple(grid), sampling, jacobi_tail)
 
+
+def tiny_lumina_adapter(jacobi_tail: int = 2, **params: Any) -> LuminaAdapter:
+    """A seeded random tiny Lumina-mGPT (:func:`tiny_chameleon_adapter`'s keys; the last 2 positions plain AR)."""
+    return tiny_chameleon_adapter(LuminaAdapter, jacobi_tail=jacobi_tail, **params)

@@ -204,8 +204,9 @@ def codes_from_rows(ids: torch.Tensor, bpe_to_code: torch.Tensor, width: int) ->
     return bpe_to_code.to(ids.device)[grid]
 
 
-def _read_state_dict(ckpt_path: str) -> dict[str, torch.Tensor]:
-    """The ``state_dict`` of Meta's Lightning-style ``vqgan.ckpt`` (or a flat ``.safetensors`` export)."""
+def read_state_dict(ckpt_path: str) -> dict[str, torch.Tensor]:
+    """The ``state_dict`` of Meta's Lightning-style ``vqgan.ckpt`` (or a flat ``.safetensors`` export); any other checkpoint
+    dict as it is (LlamaGen's ``.pt`` files, which also pickle their training arguments)."""
     if ckpt_path.endswith(".safetensors"):
         from safetensors.torch import load_file
 
@@ -213,24 +214,31 @@ def _read_state_dict(ckpt_path: str) -> dict[str, torch.Tensor]:
     try:
         ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError:
-        # Lightning checkpoints may pickle training metadata next to the weights; the file is Meta's release
+        # Lightning / LlamaGen checkpoints pickle training metadata next to the weights; the file is the user's download
+        # of the official release
         ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=False)
     return ckpt.get("state_dict", ckpt)
 
 
+#: where the tokenizer files come from, for Lumina-mGPT (the missing-file message's second sentence)
+META_VQGAN_SOURCE = (
+    "Download the Chameleon tokenizer files "
+    "(https://ai.meta.com/resources/models-and-libraries/chameleon-downloads/, gated) and point "
+    "model.vqgan_config / model.vqgan_ckpt at tokenizer/vqgan.yaml and tokenizer/vqgan.ckpt "
+    "(Lumina-mGPT keeps them in ckpts/chameleon/tokenizer/)."
+)
+
+
 def load_vqgan_decoder(
-    config_path: str, ckpt_path: str, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
+    config_path: str, ckpt_path: str, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
+    source: str = META_VQGAN_SOURCE,
 ) -> VQGANDecoder:
-    """Build the decoder from ``vqgan.yaml`` and load the decoder-side keys of ``vqgan.ckpt`` (strict)."""
+    """Build the decoder from ``vqgan.yaml`` and load the decoder-side keys of ``vqgan.ckpt`` (strict); a missing
+    file raises ``MissingWeightsError`` naming it, then ``source`` (how to get the files)."""
     for what, path in (("vqgan.yaml", config_path), ("vqgan.ckpt", ckpt_path)):
         if not path or not os.path.isfile(path):
-            raise MissingWeightsError(
-                f"Chameleon VQGAN {what} not found at {path!r}. Download the Chameleon tokenizer files "
-                "(https://ai.meta.com/resources/models-and-libraries/chameleon-downloads/, gated) and point "
-                "model.vqgan_config / model.vqgan_ckpt at tokenizer/vqgan.yaml and tokenizer/vqgan.ckpt "
-                "(Lumina-mGPT keeps them in ckpts/chameleon/tokenizer/)."
-            )
+            raise MissingWeightsError(f"Chameleon VQGAN {what} not found at {path!r}. {source}")
     decoder = VQGANDecoder(VQGANConfig.from_yaml(config_path))
-    state = {k: v for k, v in _read_state_dict(ckpt_path).items() if k.startswith(VQGAN_PREFIXES)}
+    state = {k: v for k, v in read_state_dict(ckpt_path).items() if k.startswith(VQGAN_PREFIXES)}
     decoder.load_state_dict(state, strict=True)
     return decoder.to(device=device, dtype=dtype).eval()

@@ -65,7 +65,10 @@ class Proposal:
     slot's row is any token), ``from_prompt [B]`` (the anchor is the prompt's last token), ``active [B]``, ``rows``
     target rows to read, ``tree`` (tree windows: the attention structure) and the drafter's own per-slot data.
     ``features``: the target's last hidden states of the window ``[B, cfg rows, fed, D]``, which the engine fills in
-    after the forward for a drafter that reads them (:attr:`Drafter.reads_features`), else None."""
+    after the forward for a drafter that reads them (:attr:`Drafter.reads_features`), else None. ``shift [B, fed]``:
+    position ids other than the cache order (entry ``j`` of a slot whose cache holds ``e`` entries has position id
+    ``e + j + shift[b, j]`` and sees the entries written so far whose position id is at most its own:
+    ``csd.ragged.RaggedCache.extend``; ZipAR), None: position id = cache order, causal."""
 
     ids: torch.Tensor
     from_prompt: list[bool]
@@ -74,6 +77,7 @@ class Proposal:
     tree: TreeMask | None
     windows: list[Any]
     features: torch.Tensor | None = None
+    shift: torch.Tensor | None = None
 
     @property
     def fed(self) -> int:
@@ -99,7 +103,8 @@ class Verified:
 class Drafter(Parametrized, ABC):
     """A drafting scheme (docs/ALGORITHMS.md, "Drafters"): proposes windows, verifies them with any rule, refreshes
     its drafts. It declares its hyper-parameters in ``PARAMS`` (``csd.params``; ``drafter.<key>`` in the config):
-    ``window`` = ``L``, the entries one forward spends per image (anchor included); ``init`` (fresh drafts),
+    ``window`` = ``L``, the entries one forward spends per image (anchor included; None for a drafter without windows:
+    ZipAR's forwards have one entry per image row in flight); ``init`` (fresh drafts),
     ``draft_record`` (their recorded law) and ``coupling`` (the refresh), shared by the chain and the tree drafters."""
 
     name: str
@@ -132,6 +137,19 @@ class Drafter(Parametrized, ABC):
         """Why this drafter cannot decode ``batch_size`` images at once (compiled or not), in one line; None if it can."""
         return None
 
+    def method_problem(self, method: str) -> str | None:
+        """Why this drafter cannot run with ``method=<method>`` (an acceptance rule), in one line; None if it can.
+        Drafting windows: ``method=ar`` is a chain of ``window = 1`` and any other rule needs drafts to judge."""
+        window = self.window
+        if method == "ar" and "window" not in self.PARAMS:
+            return f"method=ar decodes one token per forward, but drafter={self.name} always drafts: use drafter=chain (the default)"
+        if method == "ar" and window != 1:
+            return f"method=ar needs drafter.window=1, got {window}"
+        if method != "ar" and window <= 1:
+            return (f"method={method} with drafter.window=1 decodes exactly like method=ar (one token per forward, no "
+                    "drafts) but would be labelled and reported as another method: use method=ar, or drafter.window >= 2")
+        return None
+
     def model_problem(self, adapter_class: type[ModelAdapter]) -> str | None:
         """Why this drafter cannot draft for the models of ``adapter_class``, in one line (checked with the config,
         before any weight loads); None if it can."""
@@ -149,6 +167,10 @@ class Drafter(Parametrized, ABC):
         slot.draft = self.new_state(
             slot, None if self.coupling != "gumbel" else
             exponential_noise((self.adapter.layout.length, self.vocab), slot.generator, self.device))
+
+    def finish(self, slot: Slot) -> None:
+        """The image in ``slot`` is complete: put its body and per-position records (``commit_iter``, ``commit_kind``,
+        ``entropy``) in raster order. Drafters that commit in raster order (all but ZipAR) have nothing to do."""
 
     @abstractmethod
     def new_state(self, slot: Slot, shared: torch.Tensor | None) -> Any:

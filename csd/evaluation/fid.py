@@ -85,6 +85,27 @@ def load_reference(
     return False
 
 
+def load_reference_stats(metric: FrechetInceptionDistance, path: str | Path) -> None:
+    """Fill the metric's reference states from a statistics file: an ``.npz`` with the reference features' mean ``mu
+    [D]`` and covariance ``sigma [D, D]`` (the format of ADM's reference batches, e.g. ``VIRTUAL_imagenet256_labeled.npz``
+    for ImageNet 256). They enter as the sums of a two-sample set whose mean and unbiased covariance are exactly ``mu``
+    and ``sigma`` under torchmetrics' formulas (``sum = 2 mu``, ``cov_sum = sigma + 2 mu mu^T``)."""
+    import numpy as np
+
+    with np.load(Path(path).expanduser()) as stats:
+        if "mu" not in stats or "sigma" not in stats:
+            raise ValueError(f"{path}: FID reference statistics need arrays 'mu' and 'sigma', found {sorted(stats)}")
+        mu, sigma = (torch.from_numpy(stats[k]).double() for k in ("mu", "sigma"))
+    dim = metric.real_features_sum.shape[0]
+    if mu.shape != (dim,) or sigma.shape != (dim, dim):
+        raise ValueError(f"{path}: mu {tuple(mu.shape)} and sigma {tuple(sigma.shape)} do not match the {dim} features "
+                         "of eval.fid.feature")
+    device = metric.real_features_sum.device
+    metric.real_features_sum = (2 * mu).to(device)
+    metric.real_features_cov_sum = (sigma + 2 * torch.outer(mu, mu)).to(device)
+    metric.real_features_num_samples = torch.tensor(2, device=device)
+
+
 def generated_fid(
     metric: FrechetInceptionDistance, batches: Iterable[torch.Tensor], device: torch.device
 ) -> float:

@@ -26,7 +26,7 @@ from csd.evaluation.clip_score import (
     load_open_clip,
 )
 from csd.evaluation.context import EvalContext, MetricOutput, NotApplicable
-from csd.evaluation.fid import generated_fid, inception_fid, load_reference, module_fid
+from csd.evaluation.fid import generated_fid, inception_fid, load_reference, load_reference_stats, module_fid
 from csd.evaluation.fid_interval import FeatureRecorder, fid_interval
 from csd.evaluation.geneval_score import check_geneval_files
 from csd.evaluation.images import Preprocess, file_batches, list_images
@@ -91,11 +91,22 @@ def reference_dir(eval_cfg: DictConfig, run_config: DictConfig, dataset: str | N
     set of ``dataset``)."""
     ref = eval_cfg.fid.reference_dir or OmegaConf.select(run_config, "dataset.fid_reference")
     if not ref:
-        raise NotApplicable(f"no FID reference set for dataset '{dataset}' (eval.fid.reference_dir)")
+        raise NotApplicable(f"no FID reference set for dataset '{dataset}': give reference images "
+                            "(eval.fid.reference_dir) or statistics (eval.fid.reference_stats=<file.npz> with mu and "
+                            "sigma, e.g. ADM's VIRTUAL_imagenet256_labeled.npz for ImageNet)")
     ref = Path(ref).expanduser()
     if not ref.is_dir():
         raise MissingDataError(f"FID reference images not found at '{ref}'; fetch them with `{DOWNLOAD_HINT}`")
     return ref
+
+
+def require_stats(path: str) -> Path:
+    """The FID reference statistics file ``eval.fid.reference_stats``, which must exist."""
+    stats = Path(path).expanduser()
+    if not stats.is_file():
+        raise MissingDataError(f"FID reference statistics not found at '{stats}' (eval.fid.reference_stats: an .npz "
+                               "with mu and sigma, e.g. ADM's VIRTUAL_imagenet256_labeled.npz for ImageNet 256)")
+    return stats
 
 
 def _paired_files(ctx: EvalContext, ref: Path) -> list[Path]:
@@ -114,10 +125,13 @@ def fid_metric(ctx: EvalContext) -> MetricOutput:
     if len(ctx.records) < 2:
         raise NotApplicable("FID needs at least 2 generated images")
     pre = Preprocess(f.transforms)
+    stats = None if ctx.is_toy else f.get("reference_stats")
     if ctx.is_toy:
         metric = module_fid(ClipImageFeatures(toy.load_toy_clip_model(ctx.device)))
         key, ref_batches = toy.rendered_reference(ctx.records, ctx.eval.toy.render, ctx.eval.batch_size)
         features = "toy-clip"
+    elif stats:
+        metric, features = inception_fid(f.feature, f.inception_weights), f"inception-v3-torch-fidelity/{f.feature}"
     else:
         files = _paired_files(ctx, reference_dir(ctx.eval, ctx.run_config, ctx.info.get("dataset")))
         key = {"files": [(str(p.resolve()), p.stat().st_size) for p in files]}
@@ -128,14 +142,18 @@ def fid_metric(ctx: EvalContext) -> MetricOutput:
         metric = inception_fid(f.feature, f.inception_weights)
         features = f"inception-v3-torch-fidelity/{f.feature}"
     metric = metric.to(ctx.device)
-    key = {**key, "transforms": pre.describe(), "features": features}
-    cached = load_reference(metric, key, ref_batches, f.cache_dir, ctx.device)
+    if stats:  # the reference is a mean and a covariance: nothing to preprocess, cache or pair
+        load_reference_stats(metric, require_stats(stats))
+        cached, reference = None, {"reference_stats": str(stats)}
+    else:
+        key = {**key, "transforms": pre.describe(), "features": features}
+        cached = load_reference(metric, key, ref_batches, f.cache_dir, ctx.device)
+        reference = {"n_reference": int(metric.real_features_num_samples)}
     with FeatureRecorder(metric.inception) as generated:  # keeps the generated features for the interval
         value = generated_fid(metric, file_batches(ctx.image_paths, pre, ctx.eval.batch_size), ctx.device)
     interval = fid_interval(metric, generated.features, [r["prompt_id"] for r in ctx.records], ctx.eval.bootstrap)
-    n_ref = int(metric.real_features_num_samples)
     protocol = {**_protocol(ctx), "fid": {"features": features, "transforms": pre.describe(), "paired": f.paired,
-                                          "n_reference": n_ref, "reference_cached": cached}}
+                                          **reference, "reference_cached": cached}}
     return MetricOutput({"fid": value}, protocol=protocol, intervals={"fid": interval} if interval else {})
 
 
@@ -180,7 +198,10 @@ def check_files(names: Sequence[str], eval_cfg: DictConfig, run_config: DictConf
     if "clip_score" in names:
         c = eval_cfg.clip
         check_open_clip(c.model, c.pretrained, c.get("model_config"))
-    if "fid" in names:
+    if "fid" in names and eval_cfg.fid.get("reference_stats"):
+        require_stats(eval_cfg.fid.reference_stats)
+        inception_fid(eval_cfg.fid.feature, eval_cfg.fid.inception_weights)
+    elif "fid" in names:
         try:
             reference_dir(eval_cfg, run_config, OmegaConf.select(run_config, "dataset.name"))
         except NotApplicable:

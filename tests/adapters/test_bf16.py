@@ -25,11 +25,13 @@ def adapter_in(name: str, dtype: str, **overrides):
     return build_adapter(model, torch.device("cpu"))
 
 
-@pytest.mark.parametrize("name", ["janus_pro_tiny", "lumina_mgpt_tiny", "emu3_tiny"])  # the toy: the greedy test
+@pytest.mark.parametrize("name", ["janus_pro_tiny", "lumina_mgpt_tiny", "emu3_tiny", "anole_tiny", "llamagen_c2i_tiny",
+                                  "llamagen_t2i_tiny"])  # the toy: the greedy test
 def test_every_adapter_decodes_end_to_end_in_bf16(name):
     adapter = adapter_in(name, "bfloat16")
     assert adapter.decoder().dtype == torch.bfloat16
-    gen = JacobiEngine(adapter, CSD(lam=0.1, delta=0.5), ChainDrafter(window=8)).generate(toy_prompts(1)[0].text, 0)
+    prompt = "207" if name == "llamagen_c2i_tiny" else toy_prompts(1)[0].text  # a class id for the class-conditional
+    gen = JacobiEngine(adapter, CSD(lam=0.1, delta=0.5), ChainDrafter(window=8)).generate(prompt, 0)
     assert gen.tokens.numel() == adapter.layout.length and 1 <= gen.nfe <= adapter.layout.length
     assert torch.isfinite(gen.entropy).all()
     images = adapter.decode_images(gen.tokens.unsqueeze(0))

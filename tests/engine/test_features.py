@@ -9,13 +9,19 @@ import torch
 
 from csd.adapters.toy import load_toy_adapter
 from csd.ragged import reference_features, reference_logits
-from tests.helpers import prefilled_batch, rejecting_emu3, rejecting_janus, rejecting_lumina
+from tests.helpers import (
+    prefilled_batch,
+    rejecting_emu3,
+    rejecting_janus,
+    rejecting_llamagen,
+    rejecting_lumina,
+)
 
 PROMPTS = ("two red circles", "a blue square")
 
 
-@pytest.mark.parametrize("make", [rejecting_janus, rejecting_lumina, rejecting_emu3, load_toy_adapter],
-                         ids=["janus", "lumina", "emu3", "toy"])
+@pytest.mark.parametrize("make", [rejecting_janus, rejecting_lumina, rejecting_emu3, rejecting_llamagen, load_toy_adapter],
+                         ids=["janus", "lumina", "emu3", "llamagen", "toy"])
 def test_features_equal_a_full_forward_and_give_the_logits(make):
     adapter = make()
     assert adapter.exposes_features()

@@ -1,7 +1,7 @@
 """The memory planner (``csd.plan``, docs/PERFORMANCE.md "Memory plan") against what the adapters and
 ``csd.ragged.SlotBatch`` actually allocate on CPU, and ``engine.batch_size=auto``.
 
-Checked on CPU, for the toy and the three tiny models: the weights (every parameter and buffer of the modules the
+Checked on CPU, for the toy and the four tiny models: the weights (every parameter and buffer of the modules the
 adapter holds) and the KV cache tensors of a batch of slots, within 20 % of the plan (measured: equal). Not checked
 here: the activations, which are transient and which the CPU allocator does not report; the GPU check
 (``experiments/gpu_check.py``) compares the whole plan with ``torch.cuda.max_memory_allocated``.
@@ -28,7 +28,7 @@ def cache_bytes(batch: SlotBatch) -> int:
 
 
 @pytest.mark.parametrize("name", [pytest.param("toy", marks=pytest.mark.slow), "janus_pro_tiny", "lumina_mgpt_tiny",
-                                  "emu3_tiny", pytest.param("toy_draft", marks=pytest.mark.slow)])
+                                  "emu3_tiny", "anole_tiny", pytest.param("toy_draft", marks=pytest.mark.slow)])
 def test_plan_matches_the_measured_weights_and_kv_cache(name):
     model = OmegaConf.load(CONF_DIR / "model" / f"{name}.yaml")
     plan = plan_memory(model_shape(model), window=16, compiled=False, device_type="cpu")

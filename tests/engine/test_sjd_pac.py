@@ -23,14 +23,13 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from hydra import compose, initialize_config_dir
 from omegaconf import open_dict
 from scipy import stats
 
 from csd.acceptance import CSD, SJD, entropy
 from csd.adapters.janus import tiny_janus_adapter
 from csd.adapters.toy import load_toy_adapter
-from csd.config import CONF_DIR, ConfigError, validate
+from csd.config import ConfigError, validate
 from csd.drafters import PacTreeDrafter
 from csd.engine import JacobiEngine
 from csd.fast import CompiledStep
@@ -40,7 +39,7 @@ from csd.ragged import SlotBatch, reference_logits
 from csd.records import COMMIT_ACCEPTED, COMMIT_FORCED, COMMIT_RELAXED, COMMIT_SAMPLED, load_records
 from csd.tree import Tree, tree_nodes, verify_tree, without_replacement
 from csd.verify import exponential_noise, sample_race
-from tests.helpers import chi_square_pvalue, decode_counts, rejecting_janus, rejecting_lumina
+from tests.helpers import chi_square_pvalue, decode_counts, make_cfg, rejecting_janus, rejecting_lumina
 
 PROMPT = "a cat"
 N_SAMPLES = 2000
@@ -338,11 +337,6 @@ def test_forced_positions_get_no_siblings():
 
 
 # -------------------------------------------------------------------------------------- errors, pipeline
-
-def make_cfg(*overrides: str):
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose(config_name="config", overrides=list(overrides))
-
 
 @pytest.mark.parametrize(("overrides", "message"), [
     (["engine.batch_size=2"], "engine.batch_size=1"),

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from csd.adapters.base import MissingWeightsError
-from csd.evaluation.fid import generated_fid, inception_fid, load_reference, module_fid
+from csd.evaluation.fid import generated_fid, inception_fid, load_reference, load_reference_stats, module_fid
 from csd.evaluation.images import Preprocess, file_batches, uint8_batches
 from csd.evaluation.images import to_tensor as img_to_tensor
 
@@ -52,6 +52,25 @@ def test_reference_cache_is_reused(tmp_path: Path) -> None:
 
     assert load_reference(metric, {"ref": "k"}, must_not_run, tmp_path, torch.device("cpu"))
     assert generated_fid(metric, uint8_batches(images(shift=20), 8), torch.device("cpu")) == pytest.approx(first)
+
+
+def test_reference_statistics_file_gives_the_same_fid(tmp_path: Path) -> None:
+    """An .npz of the reference features' mean and unbiased covariance (ADM's reference-batch format) stands in for the
+    reference images exactly; a file of the wrong width or without mu / sigma fails naming it."""
+    import numpy as np
+
+    feats = torch.cat([MeanColourFeatures()(b) for b in uint8_batches(images(), 8)]).double()
+    np.savez(tmp_path / "ref.npz", mu=feats.mean(0).numpy(), sigma=torch.cov(feats.T).numpy())
+    metric = module_fid(MeanColourFeatures())
+    load_reference_stats(metric, tmp_path / "ref.npz")
+    value = generated_fid(metric, uint8_batches(images(shift=20), 8), torch.device("cpu"))
+    assert value == pytest.approx(fid(images(), images(shift=20)), rel=1e-6)
+    np.savez(tmp_path / "wide.npz", mu=np.zeros(5), sigma=np.eye(5))
+    np.savez(tmp_path / "other.npz", mean=np.zeros(4))
+    with pytest.raises(ValueError, match=r"wide\.npz: mu \(5,\) and sigma \(5, 5\) do not match the 4 features"):
+        load_reference_stats(module_fid(MeanColourFeatures()), tmp_path / "wide.npz")
+    with pytest.raises(ValueError, match=r"other\.npz: FID reference statistics need arrays 'mu' and 'sigma'"):
+        load_reference_stats(module_fid(MeanColourFeatures()), tmp_path / "other.npz")
 
 
 def test_preprocess_and_mixed_sizes(tmp_path: Path) -> None:

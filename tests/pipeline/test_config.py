@@ -13,7 +13,16 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import open_dict
 
-from csd.config import CONF_DIR, ConfigError, build_drafter, build_rule, choices, method_params, validate
+from csd.config import (
+    CONF_DIR,
+    ConfigError,
+    build_drafter,
+    build_rule,
+    choices,
+    method_params,
+    model_preset,
+    validate,
+)
 from csd.pipeline import generate_run
 from csd.records import RECORDS_FILE, load_records
 
@@ -32,7 +41,8 @@ def make_cfg(*overrides: str):
 @pytest.mark.parametrize("method", choices("method"))
 @pytest.mark.parametrize("model", choices("model"))
 def test_every_method_and_model_composes_and_validates(method, model):
-    cfg = make_cfg(f"method={method}", f"model={model}")
+    class_ids = model_preset(model).get("kind") == "c2i"  # a class-conditional model takes class-id prompts
+    cfg = make_cfg(f"method={method}", f"model={model}", *["dataset=imagenet_classes"] * class_ids)
     validate(cfg)
     assert cfg.method.name == method and cfg.model.name == model
     for key in ("window", "init", "coupling", "lam", "delta", "k", "c"):  # sweepable over every method

@@ -55,6 +55,19 @@ def test_committed_drafter_run_reproduces(run):
     assert gen.nfe == record["nfe"]
 
 
+@pytest.mark.slow
+def test_committed_zipar_run_reproduces():
+    """A ZipAR run (``experiment=toy_zipar``, window_size 4): its first image, token for token."""
+    run_json = RESULTS / "toy_zipar" / "1_sjd" / "run.json"
+    info = json.loads(run_json.read_text())
+    record = load_records(run_json.parent)[0]
+    assert info["method_params"] == {"drafter": "zipar", "window_size": 4}
+    dec = Decoder(model="toy", method=info["method"], device="cpu", drafter="zipar", **{"drafter.window_size": 4})
+    _, gen = dec.generate(record["prompt"], seed=record["seed"])
+    assert gen.tokens.tolist() == record["tokens"]
+    assert gen.nfe == record["nfe"]
+
+
 def test_committed_results_exist():
     assert len(RUNS) == 12, "run experiments/reproduce_toy_results.sh"
     assert (RESULTS / "toy_paper/report/table_toy.md").exists()
