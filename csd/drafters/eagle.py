@@ -59,9 +59,11 @@ STATIC_TREES: dict[str, tuple[int, ...]] = {"chain": (), "binary": (2, 2), "wide
 
 
 def head_config(decoder_config: Any) -> LlamaConfig:
-    """One Llama decoder layer as wide as the target's decoder (``decoder_config``: its transformers config)."""
+    """One Llama decoder layer as wide as the target's decoder (``decoder_config``: its transformers config), with
+    attention heads of the model's own size ``hidden_size / num_attention_heads``: a cache's ``head_dim`` may carry
+    extra channels (LlamaGen t2i's padding flags, csd/adapters/llamagen_gpt.py) that belong to the target's cache only."""
     sizes = {key: getattr(decoder_config, key, None) for key in HEAD_SIZES}
-    sizes["head_dim"] = sizes["head_dim"] or decoder_config.hidden_size // decoder_config.num_attention_heads
+    sizes["head_dim"] = decoder_config.hidden_size // decoder_config.num_attention_heads
     return layer_config(sizes)
 
 
