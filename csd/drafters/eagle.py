@@ -39,6 +39,7 @@ from csd.adapters.base import ModelAdapter
 from csd.device import to_device
 from csd.drafters.base import STAT_KEYS, BodyIds, Proposal, Verified
 from csd.drafters.chain import ChainDrafter, ChainWindow
+from csd.drafters.lantern_head import is_lantern, lantern_files, lantern_layer
 from csd.drafters.tree_window import TreeWindow, tree_grid, verify_tree_window
 from csd.params import Param
 from csd.processors import TargetPipeline
@@ -109,14 +110,26 @@ def save_head(head: EagleHead, path: str | Path, meta: dict[str, Any]) -> None:
 
 
 def load_head(path: str | Path, adapter: ModelAdapter) -> EagleHead:
-    """The head stored at ``path`` on ``adapter``'s device and dtype; one line if it does not fit the target."""
-    stored = torch.load(path, map_location="cpu", weights_only=True)
+    """The head stored at ``path`` (a file of :func:`save_head`, or a LANTERN drafter: csd.drafters.lantern_head) on
+    ``adapter``'s device and dtype; one line if it does not fit the target."""
+    rotary = None
+    if is_lantern(path):
+        sizes, state, rotary = lantern_layer(path, adapter)
+    else:
+        stored = torch.load(path, map_location="cpu", weights_only=True)
+        sizes, state = stored["sizes"], stored["state"]
     width = adapter.decoder().config.hidden_size
-    if stored["sizes"]["hidden_size"] != width:
-        raise ValueError(f"drafter.head={path} was trained for hidden size {stored['sizes']['hidden_size']}, but the "
+    if sizes["hidden_size"] != width:
+        raise ValueError(f"drafter.head={path} was trained for hidden size {sizes['hidden_size']}, but the "
                          f"target's is {width}: {TRAIN_HINT}")
-    head = EagleHead(layer_config(stored["sizes"]))
-    head.load_state_dict(stored["state"])
+    head = EagleHead(layer_config(sizes))
+    if rotary is not None:
+        head.rotary = rotary
+    wrong = [f"{k} {tuple(v.shape)} (the head's: {tuple(head.state_dict()[k].shape)})" for k, v in state.items()
+             if k in head.state_dict() and v.shape != head.state_dict()[k].shape]
+    if wrong:
+        raise ValueError(f"drafter.head={path}: wrong shapes: {'; '.join(wrong)}")
+    head.load_state_dict(state)
     decoder = adapter.decoder()
     return head.to(device=decoder.device, dtype=decoder.dtype).eval()
 
@@ -178,7 +191,7 @@ class EagleDrafter(ChainDrafter):
     PARAMS = {
         "window": Param(Int(min=2), 5, "L: the last committed token + L - 1 drafts of the head (gamma = L - 1)"),
         "head": Param(Str(null="the model's shipped head (model=toy)"), None,
-                      "the trained head's file (experiments/train_drafter.py)"),
+                      "the trained head's file (experiments/train_drafter.py), or a LANTERN drafter's folder"),
         "tree": Param(Choice(options=tuple(STATIC_TREES)), "chain",
                       "the drafts' shape: a chain, or a static tree (binary: 2 children per node at depths 1-2; wide: 4 "
                       "at depth 1, 2 at depth 2) window - 1 deep, each node's children drawn without replacement from "
@@ -186,9 +199,11 @@ class EagleDrafter(ChainDrafter):
     }
 
     def check_params(self) -> None:
-        if self.head is not None and not Path(self.head).is_file():
-            raise ValueError(f"drafter.head={self.head}: no such file; {TRAIN_HINT}, or leave drafter.head=null for "
-                             "model=toy's shipped head")
+        if self.head is not None and not Path(self.head).exists():
+            raise ValueError(f"drafter.head={self.head}: no such file; {TRAIN_HINT}, pass a LANTERN drafter's folder "
+                             "(docs/DRAFT_HEADS.md), or leave drafter.head=null for model=toy's shipped head")
+        if self.head is not None and is_lantern(self.head):
+            lantern_files(self.head)
 
     def params(self) -> dict[str, object]:
         """The drafting settings recorded with every image; ``tree=chain`` is left out, so that chain runs keep the

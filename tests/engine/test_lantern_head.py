@@ -1,0 +1,157 @@
+"""LANTERN's drafter layout in ``drafter=eagle`` (csd/drafters/lantern_head.py): a drafter written in LANTERN's
+layout for the tiny LlamaGens loads with no missing / unexpected key and computes LANTERN's drafter exactly (an
+oracle written from its equations: pair-wise 2-D rotary on the unreordered weights), and the same oracle detects a
+load without the query / key reordering; bad files get one line; ``method=lantern drafter=eagle drafter.head=<dir>``
+decodes from the run config."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from omegaconf import OmegaConf
+from safetensors.torch import save_file
+
+from csd.adapters.llamagen_gpt import apply_rotary, rotary_angles
+from csd.api import Decoder
+from csd.config import ConfigError, build_drafter
+from csd.drafters.eagle import load_head
+from csd.drafters.lantern_head import INPUT_TYPES, LAYER_KEYS
+from csd.ragged import RaggedCache
+from tests.helpers import rejecting_janus, rejecting_llamagen
+
+
+@pytest.fixture(autouse=True)
+def tiny_grids(monkeypatch):
+    """LANTERN fixes the grid by ``input_type``; the tiny LlamaGens' 4 x 4 grid stands in for it here."""
+    monkeypatch.setitem(INPUT_TYPES, "t2i", ("t2i", 4))
+    monkeypatch.setitem(INPUT_TYPES, "c2i", ("c2i", 4))
+
+
+def write_lantern(root: Path, adapter, kind: str, seed: int = 0, bias: bool = True, safetensors: bool = False,
+                  extra: dict | None = None) -> dict[str, torch.Tensor]:
+    """A seeded drafter in LANTERN's layout (config.json + weights) for ``adapter``; returns its state dict."""
+    c = adapter.decoder().config
+    d, heads, inter = c.hidden_size, c.num_attention_heads, 3 * c.hidden_size
+    g = torch.Generator().manual_seed(seed)
+    shapes = {"self_attn.q_proj.weight": (d, d), "self_attn.k_proj.weight": (d, d), "self_attn.v_proj.weight": (d, d),
+              "self_attn.o_proj.weight": (d, d), "mlp.gate_proj.weight": (inter, d), "mlp.up_proj.weight": (inter, d),
+              "mlp.down_proj.weight": (d, inter), "post_attention_layernorm.weight": (d,)}
+    state = {f"layers.0.{k}": torch.randn(s, generator=g) * 0.3 for k, s in shapes.items()}
+    state["fc.weight"] = torch.randn((d, 2 * d), generator=g) * 0.3
+    if bias:
+        state["fc.bias"] = torch.randn(d, generator=g) * 0.1
+    state["embed_tokens.weight"] = adapter.decoder().tok_embeddings.weight.detach().clone()
+    state.update(extra or {})
+    root.mkdir(parents=True, exist_ok=True)
+    config = {"hidden_size": d, "intermediate_size": inter, "num_attention_heads": heads, "num_key_value_heads": heads,
+              "rms_norm_eps": 1e-6, "vocab_size": adapter.vocab_size, "input_type": kind, "hidden_act": "silu"}
+    if not bias:
+        config["bias"] = False
+    (root / "config.json").write_text(json.dumps(config))
+    if safetensors:
+        save_file(state, str(root / "model.safetensors"))
+    else:
+        torch.save(state, root / "pytorch_model.bin")
+    return state
+
+
+def lantern_oracle(state: dict[str, torch.Tensor], target_config, embeds: torch.Tensor, features: torch.Tensor,
+                   heads: int, eps: float = 1e-6) -> torch.Tensor:
+    """LANTERN's drafter over one causal sequence ``[1, q, D]`` at positions ``0 .. q-1``: ``fc``, attention with
+    pair-wise 2-D rotary of grid cell ``p`` (base 10000), residual, RMSNorm, SwiGLU, residual."""
+    w = {k.removeprefix("layers.0."): v for k, v in state.items()}
+    h = F.linear(torch.cat([embeds, features], -1), w["fc.weight"], w.get("fc.bias"))
+    q_len, d = h.shape[1], h.shape[-1] // heads
+    cfg = type(target_config)(**{**target_config.__dict__, "cls_token_num": 0, "rope_base": 10000.0})
+    cos, sin = rotary_angles(cfg, torch.arange(q_len)[None])
+    q, k, v = (F.linear(h, w[f"self_attn.{p}_proj.weight"]).view(1, q_len, heads, d) for p in "qkv")
+    q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+    scores = torch.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(d)
+    scores = scores.masked_fill(torch.ones(q_len, q_len, dtype=torch.bool).triu(1), float("-inf"))
+    attn = torch.einsum("bhqk,bkhd->bqhd", scores.softmax(-1), v).flatten(2)
+    h = h + F.linear(attn, w["self_attn.o_proj.weight"])
+    x = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps) * w["post_attention_layernorm.weight"]
+    mlp = F.linear(F.silu(F.linear(x, w["mlp.gate_proj.weight"])) * F.linear(x, w["mlp.up_proj.weight"]),
+                   w["mlp.down_proj.weight"])
+    return h + mlp
+
+
+@pytest.mark.parametrize(("kind", "bias", "safetensors"), [("t2i", True, False), ("c2i", False, True)])
+def test_a_lantern_drafter_loads_and_computes_lanterns_drafter(tmp_path, kind, bias, safetensors):
+    adapter = rejecting_llamagen(kind)
+    state = write_lantern(tmp_path / "drafter", adapter, kind, bias=bias, safetensors=safetensors)
+    head = load_head(tmp_path / "drafter", adapter)
+    c = adapter.decoder().config
+    assert head.config.head_dim == c.hidden_size // c.num_attention_heads  # not the t2i cache's padded head
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, adapter.vocab_size, (1, 10), generator=g)
+    embeds, features = adapter.embed(ids), torch.randn((1, 10, c.hidden_size), generator=g)
+    with torch.no_grad():
+        ours, oracle = head(embeds, features), lantern_oracle(state, c, embeds, features, c.num_attention_heads)
+    torch.testing.assert_close(ours, oracle, atol=1e-5, rtol=1e-5)
+    # negative control: the same weights without the query / key reordering are another drafter
+    unordered = {f"layer.{k}": state[f"layers.0.{k}"] for k in LAYER_KEYS}
+    head.load_state_dict({**head.state_dict(), **unordered})
+    with torch.no_grad():
+        assert (head(embeds, features) - oracle).abs().max() > 1e-2
+
+
+def test_bad_lantern_drafters_get_one_line(tmp_path):
+    adapter = rejecting_llamagen("t2i")
+    d = adapter.decoder().config.hidden_size
+    write_lantern(tmp_path / "extra", adapter, "t2i", extra={"norm.weight": torch.ones(d)})
+    with pytest.raises(ValueError, match=r"^drafter.head=.*extra: missing keys \[\], unexpected keys \['norm.weight'\]"):
+        load_head(tmp_path / "extra", adapter)
+    state = write_lantern(tmp_path / "nobias", adapter, "t2i", bias=True)
+    (tmp_path / "nobias" / "config.json").write_text(json.dumps(
+        {**json.loads((tmp_path / "nobias" / "config.json").read_text()), "bias": False}))
+    with pytest.raises(ValueError, match=r"missing keys \[\], unexpected keys \['fc.bias'\]"):
+        load_head(tmp_path / "nobias", adapter)
+    write_lantern(tmp_path / "shape", adapter, "t2i", extra={"fc.bias": torch.zeros(d + 1)})
+    with pytest.raises(ValueError, match=r"^drafter.head=.*shape: wrong shapes: fc.bias \(\d+,\) \(the head's"):
+        load_head(tmp_path / "shape", adapter)
+    write_lantern(tmp_path / "embed", adapter, "t2i", extra={"embed_tokens.weight": state["embed_tokens.weight"][:3]})
+    with pytest.raises(ValueError, match=r"embed_tokens.weight is \(3, \d+\), the target's input embedding is"):
+        load_head(tmp_path / "embed", adapter)
+    write_lantern(tmp_path / "c2i", adapter, "c2i")
+    with pytest.raises(ValueError, match=r"input_type='c2i' drafts for \(kind, grid\) = \('c2i', 4\), the target is"):
+        load_head(tmp_path / "c2i", adapter)
+    with pytest.raises(ValueError, match=r"is a LANTERN LlamaGen drafter; it drafts for model=llamagen_\*"):
+        load_head(tmp_path / "extra", rejecting_janus())
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match=r"holds config.json and .* `hf download jadohu/llamagen_drafter --local-dir"):
+        build_drafter(OmegaConf.create({"name": "eagle", "_target_": "csd.drafters.EagleDrafter",
+                                        "head": str(tmp_path / "empty")}))
+
+
+def test_the_head_cache_turns_each_entry_by_its_grid_cell(tmp_path):
+    """Decoding feeds the head through its cache in pieces (pending pairs, then one draft at a time): the outputs
+    equal the one causal pass the oracle checked, so each cache index gets its grid cell's rotary."""
+    adapter = rejecting_llamagen("t2i")
+    write_lantern(tmp_path / "drafter", adapter, "t2i")
+    head, c = load_head(tmp_path / "drafter", adapter), adapter.decoder().config
+    g = torch.Generator().manual_seed(2)
+    embeds, features = (torch.randn((1, 9, c.hidden_size), generator=g) for _ in range(2))
+    cache = RaggedCache(head.config, 1, 16, torch.float32, torch.device("cpu"))
+    pieces = []
+    with torch.no_grad():
+        for a, b in ((0, 5), (5, 6), (6, 9)):
+            positions, mask = cache.extend(slice(0, 1), b - a)
+            pieces.append(head(embeds[:, a:b], features[:, a:b], cache, positions, mask))
+        torch.testing.assert_close(torch.cat(pieces, dim=1), head(embeds, features), atol=1e-5, rtol=1e-5)
+
+
+def test_method_lantern_decodes_with_a_lantern_drafter(tmp_path):
+    """``method=lantern drafter=eagle drafter.head=<dir> model=llamagen_t2i_tiny`` (the run config ``run.py``
+    composes): the decoder drafts with the LANTERN head (one head forward per draft), drafts get accepted."""
+    write_lantern(tmp_path / "drafter", rejecting_llamagen("t2i"), "t2i")
+    decoder = Decoder("llamagen_t2i_tiny", "lantern", drafter="eagle", **{"drafter.head": str(tmp_path / "drafter")})
+    gens = [decoder.generate("a red apple", seed=s)[1] for s in range(4)]
+    assert all(g.tokens.numel() == 16 for g in gens)
+    assert all(g.stats["drafter_forwards"] == g.stats["drafts_proposed"] > 0 for g in gens)
+    assert sum(g.stats["drafts_accepted"] for g in gens) > 0
