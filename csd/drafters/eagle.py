@@ -77,15 +77,18 @@ def layer_config(sizes: dict[str, Any]) -> LlamaConfig:
 class EagleHead(nn.Module):
     """``f'_{t+1} = Layer(fc([e(x_{t+1}); f_t]))`` (docs/ALGORITHMS.md, "EAGLE: a trained draft head"): the layer's
     input norm is dropped (its input mixes already-normalised features, as in EAGLE's released head) and there is no
-    final norm (``f'`` regresses the target's normalised features)."""
+    final norm (``f'`` regresses the target's normalised features). ``rotary``: the positions' ``(cos, sin)``
+    (default: the Llama rotary of the cache index); ``condition_pairs``: how many pairs of the prompt's positions
+    open an image's cache (0; a LANTERN drafter's: csd.drafters.lantern_head)."""
 
-    def __init__(self, config: LlamaConfig) -> None:
+    def __init__(self, config: LlamaConfig, rotary: nn.Module | None = None, condition_pairs: int = 0) -> None:
         super().__init__()
         self.config = config
         self.fc = nn.Linear(2 * config.hidden_size, config.hidden_size)
         self.layer = LlamaDecoderLayer(config, layer_idx=0)
         self.layer.input_layernorm = nn.Identity()
-        self.rotary = LlamaRotaryEmbedding(config)
+        self.rotary = rotary if rotary is not None else LlamaRotaryEmbedding(config)
+        self.condition_pairs = condition_pairs
 
     def forward(self, embeds: torch.Tensor, features: torch.Tensor, cache: RaggedCache | None = None,
                 position_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -112,9 +115,10 @@ def save_head(head: EagleHead, path: str | Path, meta: dict[str, Any]) -> None:
 def load_head(path: str | Path, adapter: ModelAdapter) -> EagleHead:
     """The head stored at ``path`` (a file of :func:`save_head`, or a LANTERN drafter: csd.drafters.lantern_head) on
     ``adapter``'s device and dtype; one line if it does not fit the target."""
-    rotary = None
+    rotary, condition_pairs = None, 0
     if is_lantern(path):
         sizes, state, rotary = lantern_layer(path, adapter)
+        condition_pairs = rotary.config.cls_token_num
     else:
         stored = torch.load(path, map_location="cpu", weights_only=True)
         sizes, state = stored["sizes"], stored["state"]
@@ -122,9 +126,7 @@ def load_head(path: str | Path, adapter: ModelAdapter) -> EagleHead:
     if sizes["hidden_size"] != width:
         raise ValueError(f"drafter.head={path} was trained for hidden size {sizes['hidden_size']}, but the "
                          f"target's is {width}: {TRAIN_HINT}")
-    head = EagleHead(layer_config(sizes))
-    if rotary is not None:
-        head.rotary = rotary
+    head = EagleHead(layer_config(sizes), rotary, condition_pairs)
     wrong = [f"{k} {tuple(v.shape)} (the head's: {tuple(head.state_dict()[k].shape)})" for k, v in state.items()
              if k in head.state_dict() and v.shape != head.state_dict()[k].shape]
     if wrong:
@@ -243,7 +245,14 @@ class EagleDrafter(ChainDrafter):
         self._shapes: dict[tuple[tuple[int, ...], int], HeadTree] = {}
 
     def start(self, slot: Slot) -> None:
+        """A new image's state; a head with condition pairs (a LANTERN drafter) has them pending: code 0 with the
+        target's features of the first ``condition_pairs`` prompt positions (one target pass over the prompt)."""
         slot.draft = self.new_state(slot, None)
+        k = self.net.condition_pairs
+        if k:
+            inputs = self.adapter.prompt_inputs(slot.request.prompt)
+            slot.draft.ids = self.body.image_ids[0].repeat(k)
+            slot.draft.features = self.adapter.features_step(inputs, None)[:, :k]
 
     def new_state(self, slot: Slot, shared: torch.Tensor | None) -> EagleState:
         return EagleState(torch.zeros(0, dtype=torch.long, device=self.device), None)
@@ -255,7 +264,7 @@ class EagleDrafter(ChainDrafter):
             w = self._window(slot)
             return Proposal(w.ids.unsqueeze(0), [slot.n == 0], [True], w.tree.size, w.mask, [w])
         length, tail = self.adapter.layout.length, self.adapter.layout.jacobi_tail
-        rows = [0 if slot is None else 1 if (length - slot.n <= tail or slot.draft.ids.numel() == 0)
+        rows = [0 if slot is None else 1 if (length - slot.n <= tail or slot.n == 0)
                 else min(self.window, length - slot.n) for slot in slots]
         drafted = self._draft(slots, [max(r - 1, 0) for r in rows])
         for slot, r, (drafts, probs) in zip(slots, rows, drafted, strict=True):
@@ -357,7 +366,7 @@ class EagleDrafter(ChainDrafter):
         if self.cache is None or self.cache.rows != rows:
             decoder = self.adapter.decoder()
             drafts = self.window if self.tree == "chain" else static_tree(STATIC_TREES[self.tree], self.window - 1).size
-            capacity = self.adapter.layout.length + 2 * drafts + 16
+            capacity = self.net.condition_pairs + self.adapter.layout.length + 2 * drafts + 16
             self.cache = RaggedCache(self.net.config, rows, capacity, decoder.dtype, decoder.device)
         for b, slot in enumerate(slots):
             if slot is not None and slot.draft.new:
@@ -369,7 +378,7 @@ class EagleDrafter(ChainDrafter):
         positions; an image's first window and the AR tail are the root alone (one AR step)."""
         layout, n = self.adapter.layout, slot.n
         span, widths = layout.length - n, STATIC_TREES[self.tree]
-        depth = 0 if (span <= layout.jacobi_tail or slot.draft.ids.numel() == 0) else min(self.window, span) - 1
+        depth = 0 if (span <= layout.jacobi_tail or n == 0) else min(self.window, span) - 1
         widths = tuple(1 if self.body.forced_host[n - 1 + d] or d > len(widths) else widths[d - 1]
                        for d in range(1, depth + 1))
         if (widths, depth) not in self._shapes:

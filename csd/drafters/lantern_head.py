@@ -11,11 +11,14 @@ target's output head. Its state dict names:
 * ``embed_tokens.weight``: a frozen copy of the target's input embedding; the head embeds with the target's own
   table (``adapter.embed``), so the copy is checked for shape and dropped.
 
+Its cache opens with the prompt: LANTERN feeds the drafter the target's features of every prompt position, each
+paired with the next input id, and the prompt's ids are zeros, so an image's first ``cls_token_num - 1`` pairs are
+(code 0, the target's feature of prompt position ``p``) (none for ``c2i``), then ``(x_0, f)`` of the last prompt
+position and the image's pairs (``EagleDrafter.start`` computes them: one target pass over the prompt per image).
 Its attention turns queries and keys by LlamaGen's 2-D rotary (pairs ``(2i, 2i+1)``, the first half of the pairs by
-the grid row, the others by the column, base 10000), at drafter position ``p`` the grid cell of the pair's token;
-the head's cache index is that cell (its first entry holds image token 0). The transformers layer turns the halves
-``(i, i + d/2)`` instead, so the loader reorders each head's query and key rows (even channels, then odd) and gives
-the head a :class:`GridRotary`: the same scores, exactly.
+the grid row, the others by the column, base 10000): zero at the condition pairs, the grid cell of the pair's token
+after them. The transformers layer turns the halves ``(i, i + d/2)`` instead, so the loader reorders each head's query
+and key rows (even channels, then odd) and gives the head a :class:`GridRotary`: the same scores, exactly.
 """
 
 from __future__ import annotations
@@ -66,13 +69,13 @@ def lantern_files(path: str | Path) -> tuple[Path, Path]:
 
 
 class GridRotary(nn.Module):
-    """LlamaGen's 2-D rotary of grid cell ``p`` at head position ``p`` (``rotary_angles`` with no condition
-    positions), laid out for transformers' half rotation: ``cos, sin [N, q, d]``, each angle on channels ``i`` and
-    ``i + d/2``."""
+    """LlamaGen's 2-D rotary at head position ``p``: zero at the ``cls_token_num - 1`` condition pairs, then grid
+    cell ``p - cls_token_num + 1`` (``rotary_angles`` of the target's config, one condition position less), laid out
+    for transformers' half rotation: ``cos, sin [N, q, d]``, each angle on channels ``i`` and ``i + d/2``."""
 
     def __init__(self, config: LlamaGenConfig) -> None:
         super().__init__()
-        self.config = dataclasses.replace(config, cls_token_num=0, rope_base=LANTERN_ROPE_BASE)
+        self.config = dataclasses.replace(config, cls_token_num=config.cls_token_num - 1, rope_base=LANTERN_ROPE_BASE)
 
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         cos, sin = rotary_angles(self.config, position_ids)

@@ -16,11 +16,14 @@ import torch.nn.functional as F
 from omegaconf import OmegaConf
 from safetensors.torch import save_file
 
+from csd.acceptance import SJD
 from csd.adapters.llamagen_gpt import apply_rotary, rotary_angles
 from csd.api import Decoder
 from csd.config import ConfigError, build_drafter
+from csd.drafters import EagleDrafter
 from csd.drafters.eagle import load_head
 from csd.drafters.lantern_head import INPUT_TYPES, LAYER_KEYS
+from csd.engine import JacobiEngine
 from csd.ragged import RaggedCache
 from tests.helpers import rejecting_janus, rejecting_llamagen
 
@@ -61,15 +64,18 @@ def write_lantern(root: Path, adapter, kind: str, seed: int = 0, bias: bool = Tr
 
 
 def lantern_oracle(state: dict[str, torch.Tensor], target_config, embeds: torch.Tensor, features: torch.Tensor,
-                   heads: int, eps: float = 1e-6) -> torch.Tensor:
-    """LANTERN's drafter over one causal sequence ``[1, q, D]`` at positions ``0 .. q-1``: ``fc``, attention with
-    pair-wise 2-D rotary of grid cell ``p`` (base 10000), residual, RMSNorm, SwiGLU, residual."""
+                   eps: float = 1e-6) -> torch.Tensor:
+    """LANTERN's drafter over causal sequences ``[N, q, D]`` at positions ``0 .. q-1``: ``fc``, attention with
+    pair-wise 2-D rotary (zero at the first ``cls_token_num - 1`` positions, then grid cell ``p - cls_token_num + 1``,
+    base 10000), residual, RMSNorm, SwiGLU, residual."""
     w = {k.removeprefix("layers.0."): v for k, v in state.items()}
     h = F.linear(torch.cat([embeds, features], -1), w["fc.weight"], w.get("fc.bias"))
-    q_len, d = h.shape[1], h.shape[-1] // heads
-    cfg = type(target_config)(**{**target_config.__dict__, "cls_token_num": 0, "rope_base": 10000.0})
-    cos, sin = rotary_angles(cfg, torch.arange(q_len)[None])
-    q, k, v = (F.linear(h, w[f"self_attn.{p}_proj.weight"]).view(1, q_len, heads, d) for p in "qkv")
+    (n, q_len, _), heads = h.shape, target_config.num_attention_heads
+    d = h.shape[-1] // heads
+    cls = target_config.cls_token_num - 1
+    cfg = type(target_config)(**{**target_config.__dict__, "cls_token_num": cls, "rope_base": 10000.0})
+    cos, sin = rotary_angles(cfg, torch.arange(q_len).expand(n, q_len))
+    q, k, v = (F.linear(h, w[f"self_attn.{p}_proj.weight"]).view(n, q_len, heads, d) for p in "qkv")
     q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
     scores = torch.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(d)
     scores = scores.masked_fill(torch.ones(q_len, q_len, dtype=torch.bool).triu(1), float("-inf"))
@@ -88,11 +94,12 @@ def test_a_lantern_drafter_loads_and_computes_lanterns_drafter(tmp_path, kind, b
     head = load_head(tmp_path / "drafter", adapter)
     c = adapter.decoder().config
     assert head.config.head_dim == c.hidden_size // c.num_attention_heads  # not the t2i cache's padded head
-    g = torch.Generator().manual_seed(1)
-    ids = torch.randint(0, adapter.vocab_size, (1, 10), generator=g)
-    embeds, features = adapter.embed(ids), torch.randn((1, 10, c.hidden_size), generator=g)
+    assert head.condition_pairs == c.cls_token_num - 1
+    g, q = torch.Generator().manual_seed(1), c.cls_token_num + 8  # the condition pairs and 9 image pairs
+    ids = torch.randint(0, adapter.vocab_size, (2, q), generator=g)
+    embeds, features = adapter.embed(ids), torch.randn((2, q, c.hidden_size), generator=g)
     with torch.no_grad():
-        ours, oracle = head(embeds, features), lantern_oracle(state, c, embeds, features, c.num_attention_heads)
+        ours, oracle = head(embeds, features), lantern_oracle(state, c, embeds, features)
     torch.testing.assert_close(ours, oracle, atol=1e-5, rtol=1e-5)
     # negative control: the same weights without the query / key reordering are another drafter
     unordered = {f"layer.{k}": state[f"layers.0.{k}"] for k in LAYER_KEYS}
@@ -136,14 +143,44 @@ def test_the_head_cache_turns_each_entry_by_its_grid_cell(tmp_path):
     write_lantern(tmp_path / "drafter", adapter, "t2i")
     head, c = load_head(tmp_path / "drafter", adapter), adapter.decoder().config
     g = torch.Generator().manual_seed(2)
-    embeds, features = (torch.randn((1, 9, c.hidden_size), generator=g) for _ in range(2))
-    cache = RaggedCache(head.config, 1, 16, torch.float32, torch.device("cpu"))
+    k = head.condition_pairs  # then 9 image pairs: the pending pairs with 3 image pairs, 1, 5
+    embeds, features = (torch.randn((1, k + 9, c.hidden_size), generator=g) for _ in range(2))
+    cache = RaggedCache(head.config, 1, k + 16, torch.float32, torch.device("cpu"))
     pieces = []
     with torch.no_grad():
-        for a, b in ((0, 5), (5, 6), (6, 9)):
+        for a, b in ((0, k + 3), (k + 3, k + 4), (k + 4, k + 9)):
             positions, mask = cache.extend(slice(0, 1), b - a)
             pieces.append(head(embeds[:, a:b], features[:, a:b], cache, positions, mask))
         torch.testing.assert_close(torch.cat(pieces, dim=1), head(embeds, features), atol=1e-5, rtol=1e-5)
+
+
+class RecordingDrafter(EagleDrafter):
+    """Keeps every iteration's recorded draft laws."""
+
+    def _draft(self, slots, gammas):
+        drafted = super()._draft(slots, gammas)
+        self.laws = [*getattr(self, "laws", []), drafted[0][1]]
+        return drafted
+
+
+@pytest.mark.parametrize(("kind", "prompt"), [("t2i", "a red apple"), ("c2i", "7")])
+def test_decoding_drafts_from_lanterns_drafter_law(tmp_path, kind, prompt):
+    """The first draft after image token 0 is recorded with the law of LANTERN's drafter (the oracle) over its pairs:
+    (code 0, the target's feature of prompt position p) for p < cls_token_num - 1, then (x_0, the last prompt
+    position's feature), through the target's head and processors."""
+    adapter = rejecting_llamagen(kind)
+    state = write_lantern(tmp_path / "drafter", adapter, kind)
+    drafter = RecordingDrafter(window=3, head=str(tmp_path / "drafter"))
+    gen = JacobiEngine(adapter, SJD(), drafter).generate(prompt, 0)
+    c, prompt = adapter.decoder().config, adapter.prompt_inputs(prompt)
+    with torch.no_grad():
+        x0 = gen.tokens[:1].expand(prompt.shape[0], 1)
+        f = adapter.features_step(torch.cat([prompt, adapter.embed(x0)], dim=1), None)[:, : c.cls_token_num]
+        ids = torch.cat([torch.zeros((prompt.shape[0], c.cls_token_num - 1), dtype=torch.long), x0], dim=1)
+        out = lantern_oracle(state, c, adapter.embed(ids), f)[:, -1:]
+        law = drafter.pipeline(adapter.head(out).view(1, prompt.shape[0], 1, -1))[0, 0]
+    assert drafter.laws[0].numel() == 0  # the first window is one AR step
+    torch.testing.assert_close(drafter.laws[1][0], law, atol=1e-5, rtol=1e-4)
 
 
 def test_method_lantern_decodes_with_a_lantern_drafter(tmp_path):
