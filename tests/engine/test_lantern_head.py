@@ -91,7 +91,8 @@ def lantern_oracle(state: dict[str, torch.Tensor], target_config, embeds: torch.
 def test_a_lantern_drafter_loads_and_computes_lanterns_drafter(tmp_path, kind, bias, safetensors):
     adapter = rejecting_llamagen(kind)
     state = write_lantern(tmp_path / "drafter", adapter, kind, bias=bias, safetensors=safetensors)
-    head = load_head(tmp_path / "drafter", adapter)
+    head = load_head(tmp_path / "drafter" / ("model.safetensors" if safetensors else "pytorch_model.bin"), adapter)
+    assert head.state_dict().keys() == load_head(tmp_path / "drafter", adapter).state_dict().keys()
     c = adapter.decoder().config
     assert head.config.head_dim == c.hidden_size // c.num_attention_heads  # not the t2i cache's padded head
     assert head.condition_pairs == c.cls_token_num - 1
@@ -125,6 +126,12 @@ def test_bad_lantern_drafters_get_one_line(tmp_path):
     write_lantern(tmp_path / "embed", adapter, "t2i", extra={"embed_tokens.weight": state["embed_tokens.weight"][:3]})
     with pytest.raises(ValueError, match=r"embed_tokens.weight is \(3, \d+\), the target's input embedding is"):
         load_head(tmp_path / "embed", adapter)
+    write_lantern(tmp_path / "vocab", adapter, "t2i")
+    config = json.loads((tmp_path / "vocab" / "config.json").read_text())
+    (tmp_path / "vocab" / "config.json").write_text(json.dumps({**config, "vocab_size": 17}))
+    with pytest.raises(ValueError, match=r"^drafter.head=.*vocab/pytorch_model.bin: the drafter has \(hidden size, heads, vocab\) = "
+                                         r"\(32, 2, 17\), the target \(32, 2, 16\)$"):
+        load_head(tmp_path / "vocab" / "pytorch_model.bin", adapter)
     write_lantern(tmp_path / "c2i", adapter, "c2i")
     with pytest.raises(ValueError, match=r"input_type='c2i' drafts for \(kind, grid\) = \('c2i', 4\), the target is"):
         load_head(tmp_path / "c2i", adapter)
