@@ -175,3 +175,20 @@ def test_rule_labels_let_one_method_appear_with_different_overrides(tmp_path: Pa
     assert study.rule_method(cfg.study.rules.csd_gated, 2.0).method.delta == 0.99
     assert study.rule_method(cfg.study.rules.csd, 2.0).method.delta == 1.0
     assert study.rule_method(cfg.study.rules.csd_gated, 2.0).method.lam == 2.0
+
+
+@pytest.mark.slow
+def test_figures_when_no_rule_reaches_a_target(tmp_path: Path) -> None:
+    """A study whose every target is unreachable (a tiny or high-entropy study can end so) still draws its figures;
+    the relaxed-by-entropy figure, which has no run to show, is left out."""
+    cell = {"value": 0.5, "interval": [0.4, 0.6]}
+    ref = {"step_compression": {"value": 3.0, "interval": [2.9, 3.1]}, "scene_acc_overall": cell, "clip_score": cell,
+           "fid": cell}
+    entropy = {reg: {"n": 4, "count": [4] + [0] * 15, "edges": study.entropy_edges(256).tolist(), "mean": 0.0}
+               for reg in ("object", "smooth", "textured")}
+    result = {"references": {"ar": ref, "sjd": ref}, "ar_entropy_by_region": entropy,
+              "rules": {"r": [{"gain": 1.25, "unmatched": "unreachable"}]}}
+    study.figures(result, tmp_path, ["overall"])
+    drawn = sorted(p.name for p in tmp_path.iterdir())
+    assert drawn == ["cost_by_region.png", "entropy_by_region_ar.png", "quality_vs_compression.png",
+                     "relaxed_by_region.png"]
