@@ -84,6 +84,12 @@ def ar_entropy(study: Mapping[str, Any], vocab: int) -> tuple[float, float]:
     return mean, mean / math.log(vocab)
 
 
+def relaxed_rates(entry: Mapping[str, Any]) -> dict[str, float]:
+    """Relaxed acceptances / positions per region of a study run (``relaxed_by_region``; NaN where absent)."""
+    regions = entry.get("relaxed_by_region") or {}
+    return {r: regions.get(r, {}).get("relaxed_rate", math.nan) for r in REGIONS}
+
+
 def regime_summary(root: Path, n_boot: int, names: Sequence[str] = LOSS_METRICS) -> dict[str, Any]:
     """One regime (a finished study directory): sampling settings and AR's entropy (from AR's run.json and the
     study), AR's quality, SJD's and every rule's loss vs AR at each target, relaxed rate per region of each run."""
@@ -97,9 +103,7 @@ def regime_summary(root: Path, n_boot: int, names: Sequence[str] = LOSS_METRICS)
     loss = {rule: [{"gain": c["gain"], "loss": loss_vs_ar(root, c["mixture"], ar, names, n_boot)} if "mixture" in c
                    else {"gain": c["gain"], "outside": c["outside"]} for c in cells]
             for rule, cells in study["at_targets"].items()}
-    regions = {rule: [{"gain": e["gain"], "rates": {r: (e["relaxed_by_region"] or {}).get(r, {}).get("relaxed_rate",
-                                                                                                 math.nan)
-                                                  for r in REGIONS}} for e in entries if "run" in e]
+    regions = {rule: [{"gain": e["gain"], "rates": relaxed_rates(e)} for e in entries if "run" in e]
                for rule, entries in study["rules"].items()}
     return {"root": str(root), "temperature": info["temperature"], "guidance_scale": info["guidance_scale"],
             "entropy_mean": mean, "entropy_over_log_v": share, "targets": study["targets"],
