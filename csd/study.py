@@ -464,8 +464,8 @@ def _err(cell: dict[str, Any]) -> tuple[float, float]:
 
 
 def figures(study: dict[str, Any], out: Path, categories: Sequence[str]) -> None:
-    """quality_vs_compression.png, relaxed_by_region.png, relaxed_by_entropy.png, entropy_by_region_ar.png,
-    cost_by_region.png."""
+    """quality_vs_compression.png, relaxed_by_region.png, relaxed_by_entropy.png (when a rule has a run),
+    entropy_by_region_ar.png, cost_by_region.png."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -544,6 +544,8 @@ def figures(study: dict[str, Any], out: Path, categories: Sequence[str]) -> None
     plt.close(fig)
 
     gains = sorted({e["gain"] for _, e in done})
+    if not gains:  # no rule reached a target: no relaxed acceptances to bin by entropy
+        return
     fig, axes = plt.subplots(1, len(gains), figsize=(5 * len(gains), 4), sharey=True, squeeze=False)
     for ax, gain in zip(axes[0], gains, strict=True):
         for label, e in done:

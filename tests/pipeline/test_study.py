@@ -175,3 +175,41 @@ def test_rule_labels_let_one_method_appear_with_different_overrides(tmp_path: Pa
     assert study.rule_method(cfg.study.rules.csd_gated, 2.0).method.delta == 0.99
     assert study.rule_method(cfg.study.rules.csd, 2.0).method.delta == 1.0
     assert study.rule_method(cfg.study.rules.csd_gated, 2.0).method.lam == 2.0
+
+
+@pytest.mark.slow
+def test_figures_when_no_rule_reaches_a_target(tmp_path: Path) -> None:
+    """A study whose every target is unreachable (a tiny or high-entropy study can end so) still draws its figures;
+    the relaxed-by-entropy figure, which has no run to show, is left out."""
+    cell = {"value": 0.5, "interval": [0.4, 0.6]}
+    ref = {"step_compression": {"value": 3.0, "interval": [2.9, 3.1]}, "scene_acc_overall": cell, "clip_score": cell,
+           "fid": cell}
+    entropy = {reg: {"n": 4, "count": [4] + [0] * 15, "edges": study.entropy_edges(256).tolist(), "mean": 0.0}
+               for reg in ("object", "smooth", "textured")}
+    result = {"references": {"ar": ref, "sjd": ref}, "ar_entropy_by_region": entropy,
+              "rules": {"r": [{"gain": 1.25, "unmatched": "unreachable"}]}}
+    study.figures(result, tmp_path, ["overall"])
+    drawn = sorted(p.name for p in tmp_path.iterdir())
+    assert drawn == ["cost_by_region.png", "entropy_by_region_ar.png", "quality_vs_compression.png",
+                     "relaxed_by_region.png"]
+
+
+@pytest.mark.slow
+def test_entropy_regimes_preset_is_one_valid_study_per_temperature() -> None:
+    """experiment=entropy_regimes: a sweep over the three chosen temperatures (results/entropy_regimes/regimes.md),
+    one study directory each, named by the temperature; every regime's study config passes the study's checks."""
+    from csd.config import validate
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        sweep = compose(config_name="config", overrides=["experiment=entropy_regimes"], return_hydra_config=True)
+        assert sweep.hydra.mode.name == "MULTIRUN" and sweep.stage == "study"
+        assert sweep.hydra.sweeper.params == {"model.temperature": "1.7,2.1,2.4"}
+        assert OmegaConf.to_container(sweep.hydra.sweep, resolve=False)["subdir"] == "T${model.temperature}"
+        for temperature in (1.7, 2.1, 2.4):
+            cfg = compose(config_name="config", overrides=["experiment=entropy_regimes", f"model.temperature={temperature}"])
+            with open_dict(cfg):
+                cfg.run_dir = "unused"
+            validate(cfg)
+            assert cfg.model.temperature == temperature and cfg.model.guidance_scale == 1.5
+        study.check_study(cfg)  # the rules and brackets, the same in every regime
+    assert set(cfg.study.rules) == {"csd", "csd_gated", "entropy_sjd", "amplify", "addition"}
