@@ -299,3 +299,31 @@ def test_class_conditional_run_through_the_pipeline(tmp_path):
         ("class-0000", "0", "tench"), ("class-0001", "1", "goldfish")]
     assert all(len(r["tokens"]) == 16 for r in records)
     assert len(list(tmp_path.rglob("*.png"))) == 2
+
+
+@pytest.mark.parametrize(("preset", "model", "protocol", "methods"), [
+    ("paper_llamagen_t2i", "llamagen_t2i", "sjd", "ar,sjd,sjd_pac,csd"),
+    ("paper_llamagen_t2i_lantern", "llamagen_t2i_256", "lantern", "ar,sjd,lantern"),
+])
+def test_paper_presets_compose_and_validate(preset, model, protocol, methods, tmp_path):
+    """The LlamaGen table presets: the published setting's model, protocol and caption rule; every swept method and
+    the extra runs their files name (ZipAR; SJD and LANTERN on a drafter folder, checked for its files at config
+    time) validate."""
+    from hydra import compose, initialize_config_dir
+
+    from csd.config import CONF_DIR, validate
+    from tests.pipeline.test_config import make_cfg
+
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=[f"experiment={preset}"], return_hydra_config=True)
+    assert cfg.model.name == model and cfg.eval.protocol == protocol and cfg.dataset.caption_rule == protocol
+    assert cfg.hydra.sweeper.params.method == methods and cfg.logger.group == preset
+    if protocol == "lantern":  # LANTERN's sampling, not the model preset's (SJD's)
+        assert (cfg.model.guidance_scale, cfg.model.top_k, cfg.model.gpt_ckpt) == (3.0, 2000, "LlamaGen-T2I")
+    for name in ("config.json", "pytorch_model.bin"):
+        (tmp_path / name).write_text("")
+    head = f"drafter.head={tmp_path}"
+    extra = [("method=sjd", "drafter=zipar")] if protocol == "sjd" else [("method=sjd", "drafter=eagle", head),
+                                                                       ("method=lantern", "drafter=eagle", head)]
+    for overrides in [(f"method={m}",) for m in methods.split(",")] + extra:
+        validate(make_cfg(f"experiment={preset}", *overrides))
