@@ -27,7 +27,14 @@ from csd.drafters.zipar import PROMPT_TAIL, Forward, zipar_schedule
 from csd.engine import JacobiEngine, Request
 from csd.processors import TargetPipeline
 from csd.ragged import SlotBatch
-from tests.helpers import chi_square_pvalue, exact_sequence_distribution, make_cfg, rejecting_janus
+from tests.helpers import (
+    chi_square_pvalue,
+    exact_sequence_distribution,
+    make_cfg,
+    rejecting_anole,
+    rejecting_janus,
+    rejecting_llamagen,
+)
 
 PROMPT = "a cat"
 P = PROMPT_TAIL
@@ -122,6 +129,20 @@ def reference_entry_logits(adapter, prompt: str, forwards, tokens: dict[int, int
 def test_every_forward_equals_the_no_cache_forward_of_its_definition(janus, window, monkeypatch):
     """Forwards with proxies after a complete row (window 1: row 2's) and an incomplete one (row 3's), dropped
     proxies, fills of completed rows: every entry's logits, 1e-5 (fp32)."""
+    check_forwards(janus, (4, 4), window, monkeypatch)
+
+
+@pytest.mark.parametrize(("build", "prompt"), [(lambda: rejecting_anole(), PROMPT), (lambda: rejecting_llamagen("c2i"), "7")],
+                         ids=["anole", "llamagen"])
+def test_other_raster_models_decode_by_the_definition(build, prompt, monkeypatch):
+    """Anole (CFG rows of different prompt lengths) and LlamaGen (2-D rotary from the position ids): the same check."""
+    adapter = build()
+    check_forwards(adapter, adapter.layout.grid, 1, monkeypatch, prompt)
+
+
+def check_forwards(janus, grid: tuple[int, int], window: int, monkeypatch, prompt: str = PROMPT) -> None:
+    """Every entry's logits of one ZipAR image equal :func:`reference_entry_logits` (1e-5), and a proxy one cell
+    earlier does not."""
     recorded = []
     forward = SlotBatch.forward
 
@@ -131,17 +152,19 @@ def test_every_forward_equals_the_no_cache_forward_of_its_definition(janus, wind
         return logits
 
     monkeypatch.setattr(SlotBatch, "forward", recording)
-    gen = JacobiEngine(janus, SJD(), ZipARDrafter(window_size=window)).generate(PROMPT, 3)
-    forwards = zipar_schedule(4, 4, window)
+    gen = JacobiEngine(janus, SJD(), ZipARDrafter(window_size=window)).generate(prompt, 3)
+    forwards = zipar_schedule(*grid, window)
+    code_of = {int(t): c for c, t in enumerate(janus.image_token_ids)}  # a record holds token ids
+    codes = {cell: code_of[t] for cell, t in enumerate(gen.tokens.tolist())}
     assert len(recorded) == len(forwards) == gen.nfe
     assert any(f.proxies for f in forwards)
-    expected = reference_entry_logits(janus, PROMPT, forwards, dict(enumerate(gen.tokens.tolist())))
+    expected = reference_entry_logits(janus, prompt, forwards, codes)
     assert torch.allclose(torch.cat(recorded, dim=1), expected, atol=1e-5, rtol=0)
     # negative control: the first proxy one cell earlier (a wrong position id) changes the reference
     t = next(t for t, f in enumerate(forwards) if f.proxies)
     (src, pos) = forwards[t].entries[-1]
     wrong = forwards[:t] + [Forward(forwards[t].entries[:-1] + ((src, pos - 1),), *astuple(forwards[t])[1:])]
-    shifted = reference_entry_logits(janus, PROMPT, wrong, dict(enumerate(gen.tokens.tolist())))
+    shifted = reference_entry_logits(janus, prompt, wrong, codes)
     assert not torch.allclose(torch.cat(recorded, dim=1)[:, : shifted.shape[1]], shifted, atol=1e-5, rtol=0)
 
 
