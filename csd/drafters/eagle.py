@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
-from transformers import LlamaConfig
+from transformers import LlamaConfig, PretrainedConfig
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
 from csd.acceptance import AcceptanceRule
@@ -39,7 +39,7 @@ from csd.adapters.base import ModelAdapter
 from csd.device import to_device
 from csd.drafters.base import STAT_KEYS, BodyIds, Proposal, Verified
 from csd.drafters.chain import ChainDrafter, ChainWindow
-from csd.drafters.lantern_head import is_lantern, lantern_files, lantern_layer
+from csd.drafters.lantern_head import PromptPairs, is_lantern, lantern_kind, lantern_parts, target_problem
 from csd.drafters.tree_window import TreeWindow, tree_grid, verify_tree_window
 from csd.params import Param
 from csd.processors import TargetPipeline
@@ -78,17 +78,21 @@ class EagleHead(nn.Module):
     """``f'_{t+1} = Layer(fc([e(x_{t+1}); f_t]))`` (docs/ALGORITHMS.md, "EAGLE: a trained draft head"): the layer's
     input norm is dropped (its input mixes already-normalised features, as in EAGLE's released head) and there is no
     final norm (``f'`` regresses the target's normalised features). ``rotary``: the positions' ``(cos, sin)``
-    (default: the Llama rotary of the cache index); ``condition_pairs``: how many pairs of the prompt's positions
-    open an image's cache (0; a LANTERN drafter's: csd.drafters.lantern_head)."""
+    (default: the Llama rotary of the cache index); ``pairs``: the prompt's pairs that open an image's cache (None:
+    it starts at the image; a LANTERN drafter's: csd.drafters.lantern_head); ``layer``: another decoder layer of
+    ``config`` taking the same arguments, returning ``f'`` (LANTERN's Anole drafter: Chameleon's, its input norm kept)."""
 
-    def __init__(self, config: LlamaConfig, rotary: nn.Module | None = None, condition_pairs: int = 0) -> None:
+    def __init__(self, config: PretrainedConfig, rotary: nn.Module | None = None, pairs: PromptPairs | None = None,
+                 layer: nn.Module | None = None) -> None:
         super().__init__()
         self.config = config
         self.fc = nn.Linear(2 * config.hidden_size, config.hidden_size)
-        self.layer = LlamaDecoderLayer(config, layer_idx=0)
-        self.layer.input_layernorm = nn.Identity()
+        if layer is None:
+            layer = LlamaDecoderLayer(config, layer_idx=0)
+            layer.input_layernorm = nn.Identity()
+        self.layer = layer
         self.rotary = rotary if rotary is not None else LlamaRotaryEmbedding(config)
-        self.condition_pairs = condition_pairs
+        self.pairs = pairs
 
     def forward(self, embeds: torch.Tensor, features: torch.Tensor, cache: RaggedCache | None = None,
                 position_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -115,18 +119,18 @@ def save_head(head: EagleHead, path: str | Path, meta: dict[str, Any]) -> None:
 def load_head(path: str | Path, adapter: ModelAdapter) -> EagleHead:
     """The head stored at ``path`` (a file of :func:`save_head`, or a LANTERN drafter: csd.drafters.lantern_head) on
     ``adapter``'s device and dtype; one line if it does not fit the target."""
-    rotary, condition_pairs = None, 0
-    if is_lantern(path):
-        sizes, state, rotary = lantern_layer(path, adapter)
-        condition_pairs = rotary.config.cls_token_num
+    if is_lantern(path):  # its fit to the target is checked there
+        parts = lantern_parts(path, adapter)
+        config = parts.layer.config if parts.layer is not None else layer_config(parts.sizes)
+        head, state = EagleHead(config, parts.rotary, parts.pairs, parts.layer), parts.state
     else:
         stored = torch.load(path, map_location="cpu", weights_only=True)
         sizes, state = stored["sizes"], stored["state"]
-    width = adapter.decoder().config.hidden_size
-    if sizes["hidden_size"] != width:
-        raise ValueError(f"drafter.head={path} was trained for hidden size {sizes['hidden_size']}, but the "
-                         f"target's is {width}: {TRAIN_HINT}")
-    head = EagleHead(layer_config(sizes), rotary, condition_pairs)
+        width = adapter.decoder().config.hidden_size
+        if sizes["hidden_size"] != width:
+            raise ValueError(f"drafter.head={path} was trained for hidden size {sizes['hidden_size']}, but the "
+                             f"target's is {width}: {TRAIN_HINT}")
+        head = EagleHead(layer_config(sizes))
     wrong = [f"{k} {tuple(v.shape)} (the head's: {tuple(head.state_dict()[k].shape)})" for k, v in state.items()
              if k in head.state_dict() and v.shape != head.state_dict()[k].shape]
     if wrong:
@@ -174,14 +178,16 @@ class HeadTree:
 @dataclass
 class EagleState:
     """An image's pairs not yet in the head's cache: token ids ``[m]`` and the target features before them
-    ``[cfg rows, m, D]``; ``new``: the head's cache rows still hold the previous image; ``window``: this
-    iteration's chain (or static tree) window. No Gumbel sharing."""
+    ``[cfg rows, m, D]``, after ``prompt``: per CFG row, the prompt's pairs (ids ``[k_r]``, features ``[k_r, D]``) of
+    a head that opens with them (``EagleHead.pairs``); ``new``: the head's cache rows still hold the previous image;
+    ``window``: this iteration's chain (or static tree) window. No Gumbel sharing."""
 
     ids: torch.Tensor
     features: torch.Tensor | None
     new: bool = True
     window: ChainWindow | TreeWindow | None = None
     shared: None = None
+    prompt: list[tuple[torch.Tensor, torch.Tensor]] | None = None
 
 
 class EagleDrafter(ChainDrafter):
@@ -205,7 +211,7 @@ class EagleDrafter(ChainDrafter):
             raise ValueError(f"drafter.head={self.head}: no such file; {TRAIN_HINT}, pass a LANTERN drafter's folder "
                              "(docs/DRAFT_HEADS.md), or leave drafter.head=null for model=toy's shipped head")
         if self.head is not None and is_lantern(self.head):
-            lantern_files(self.head)
+            lantern_kind(self.head)
 
     def params(self) -> dict[str, object]:
         """The drafting settings recorded with every image; ``tree=chain`` is left out, so that chain runs keep the
@@ -229,6 +235,8 @@ class EagleDrafter(ChainDrafter):
                     "(features_step / head / embed)")
         if self.head is None and adapter_class.eagle_head is None:
             return f"drafter.head=null: {adapter_class.__name__} ships no EAGLE head; {TRAIN_HINT} and pass drafter.head=<file>"
+        if self.head is not None and is_lantern(self.head):
+            return target_problem(self.head, adapter_class)
         return None
 
     def bind(self, adapter: ModelAdapter, body: BodyIds, pad: bool) -> None:
@@ -245,14 +253,11 @@ class EagleDrafter(ChainDrafter):
         self._shapes: dict[tuple[tuple[int, ...], int], HeadTree] = {}
 
     def start(self, slot: Slot) -> None:
-        """A new image's state; a head with condition pairs (a LANTERN drafter) has them pending: code 0 with the
-        target's features of the first ``condition_pairs`` prompt positions (one target pass over the prompt)."""
+        """A new image's state; a head that opens with prompt pairs (a LANTERN drafter) has them pending, per CFG row
+        (``EagleHead.pairs``: one target pass over the prompt)."""
         slot.draft = self.new_state(slot, None)
-        k = self.net.condition_pairs
-        if k:
-            inputs = self.adapter.prompt_inputs(slot.request.prompt)
-            slot.draft.ids = self.body.image_ids[0].repeat(k)
-            slot.draft.features = self.adapter.features_step(inputs, None)[:, :k]
+        if self.net.pairs is not None:
+            slot.draft.prompt = self.net.pairs(self.adapter, slot.request.prompt)
 
     def new_state(self, slot: Slot, shared: torch.Tensor | None) -> EagleState:
         return EagleState(torch.zeros(0, dtype=torch.long, device=self.device), None)
@@ -334,40 +339,55 @@ class EagleDrafter(ChainDrafter):
         return [(drafts[b, :g], probs[b, :g]) for b, g in enumerate(gammas)]
 
     def _ingest(self, slots: list[Slot | None], gammas: list[int]) -> torch.Tensor:
-        """One head forward of each drafting slot's pending pairs (padded to the longest, the padding rolled back);
-        returns each cache row's feature ``f'`` for its first draft ``[B * cfg rows, 1, D]``."""
+        """One head forward of each drafting slot's pending pairs, row by row (padded to the longest, the padding
+        rolled back); returns each cache row's feature ``f'`` for its first draft ``[B * cfg rows, 1, D]``."""
         r, batch = self.cfg_rows, len(slots)
         self._reset_new(slots)
-        counts = [slot.draft.ids.numel() if g else 0 for slot, g in zip(slots, gammas, strict=True)]
+        pending = [pair for slot, g in zip(slots, gammas, strict=True) for pair in (self._pending(slot) if g else [None] * r)]
+        counts = [0 if pair is None else pair[0].numel() for pair in pending]
         q, width = max(counts), self.net.config.hidden_size
-        ids = torch.zeros((batch, q), dtype=torch.long, device=self.device)
-        features = torch.zeros((batch, r, q, width), dtype=self.net.fc.weight.dtype, device=self.device)
-        for b, (slot, c) in enumerate(zip(slots, counts, strict=True)):
+        ids = torch.zeros((batch * r, q), dtype=torch.long, device=self.device)
+        features = torch.zeros((batch * r, q, width), dtype=self.net.fc.weight.dtype, device=self.device)
+        for row, (pair, c) in enumerate(zip(pending, counts, strict=True)):
             if c:
-                ids[b, :c], features[b, :, :c] = slot.draft.ids, slot.draft.features
-                slot.draft.ids, slot.draft.features = slot.draft.ids[:0], slot.draft.features[:, :0]
+                ids[row, :c], features[row, :c] = pair
             else:
-                ids[b] = self.body.image_ids[0]
-        embeds = self.adapter.embed(ids).repeat_interleave(r, dim=0)
-        out = self._step(embeds, features.view(batch * r, q, width), [c > 0 for c in counts])
-        self.cache.rollback([q - c if c else 0 for c in counts for _ in range(r)])
-        last = to_device([max(c - 1, 0) for c in counts for _ in range(r)], self.device)
+                ids[row] = self.body.image_ids[0]
+        out = self._forward(self.adapter.embed(ids), features, [c > 0 for c in counts])
+        self.cache.rollback([q - c if c else 0 for c in counts])
+        last = to_device([max(c - 1, 0) for c in counts], self.device)
         return out[torch.arange(batch * r, device=self.device), last].unsqueeze(1)
+
+    def _pending(self, slot: Slot) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Each CFG row's pending pairs, ids ``[c_r]`` and features ``[c_r, D]`` (its prompt pairs, if any, first);
+        the state keeps none."""
+        state = slot.draft
+        rows = [(state.ids, f) for f in state.features]
+        if state.prompt is not None:
+            rows = [(torch.cat([ids, x]), torch.cat([f, g])) for (ids, f), (x, g) in zip(state.prompt, rows, strict=True)]
+        state.ids, state.features, state.prompt = state.ids[:0], state.features[:, :0], None
+        return rows
 
     def _step(self, embeds: torch.Tensor, features: torch.Tensor, advance: list[bool]) -> torch.Tensor:
         """One head forward of ``[B * cfg rows, q, D]`` inputs; the slots flagged in ``advance`` grow their rows."""
-        positions, mask = self.cache.extend(slice(0, self.cache.rows), embeds.shape[1],
-                                            [a for a in advance for _ in range(self.cfg_rows)])
+        return self._forward(embeds, features, [a for a in advance for _ in range(self.cfg_rows)])
+
+    def _forward(self, embeds: torch.Tensor, features: torch.Tensor, advance: list[bool]) -> torch.Tensor:
+        """One head forward of ``[B * cfg rows, q, D]`` inputs; the cache rows flagged in ``advance`` grow."""
+        positions, mask = self.cache.extend(slice(0, self.cache.rows), embeds.shape[1], advance)
         return self.net(embeds, features, self.cache, positions, mask)
 
     def _reset_new(self, slots: list[Slot | None]) -> None:
         """The head's cache for ``len(slots)`` slots; a new image's rows start empty."""
         rows = len(slots) * self.cfg_rows
+        drafts = self.window if self.tree == "chain" else static_tree(STATIC_TREES[self.tree], self.window - 1).size
+        pairs = max((ids.numel() for slot in slots if slot is not None and slot.draft.prompt is not None
+                     for ids, _ in slot.draft.prompt), default=0)
+        capacity = pairs + self.adapter.layout.length + 2 * drafts + 16
         if self.cache is None or self.cache.rows != rows:
             decoder = self.adapter.decoder()
-            drafts = self.window if self.tree == "chain" else static_tree(STATIC_TREES[self.tree], self.window - 1).size
-            capacity = self.net.condition_pairs + self.adapter.layout.length + 2 * drafts + 16
             self.cache = RaggedCache(self.net.config, rows, capacity, decoder.dtype, decoder.device)
+        self.cache.grow(capacity)  # a longer prompt's pairs than the cache was made for
         for b, slot in enumerate(slots):
             if slot is not None and slot.draft.new:
                 self.cache.reset(slice(b * self.cfg_rows, (b + 1) * self.cfg_rows))

@@ -23,9 +23,9 @@ from csd.config import ConfigError, build_drafter
 from csd.drafters import EagleDrafter
 from csd.drafters.eagle import load_head
 from csd.drafters.lantern_head import INPUT_TYPES, LAYER_KEYS
-from csd.engine import JacobiEngine
+from csd.engine import JacobiEngine, Request
 from csd.ragged import RaggedCache
-from tests.helpers import rejecting_janus, rejecting_llamagen
+from tests.helpers import rejecting_anole, rejecting_janus, rejecting_llamagen
 
 
 @pytest.fixture(autouse=True)
@@ -95,7 +95,7 @@ def test_a_lantern_drafter_loads_and_computes_lanterns_drafter(tmp_path, kind, b
     assert head.state_dict().keys() == load_head(tmp_path / "drafter", adapter).state_dict().keys()
     c = adapter.decoder().config
     assert head.config.head_dim == c.hidden_size // c.num_attention_heads  # not the t2i cache's padded head
-    assert head.condition_pairs == c.cls_token_num - 1
+    assert head.pairs.count == c.cls_token_num - 1
     g, q = torch.Generator().manual_seed(1), c.cls_token_num + 8  # the condition pairs and 9 image pairs
     ids = torch.randint(0, adapter.vocab_size, (2, q), generator=g)
     embeds, features = adapter.embed(ids), torch.randn((2, q, c.hidden_size), generator=g)
@@ -150,7 +150,7 @@ def test_the_head_cache_turns_each_entry_by_its_grid_cell(tmp_path):
     write_lantern(tmp_path / "drafter", adapter, "t2i")
     head, c = load_head(tmp_path / "drafter", adapter), adapter.decoder().config
     g = torch.Generator().manual_seed(2)
-    k = head.condition_pairs  # then 9 image pairs: the pending pairs with 3 image pairs, 1, 5
+    k = head.pairs.count  # then 9 image pairs: the pending pairs with 3 image pairs, 1, 5
     embeds, features = (torch.randn((1, k + 9, c.hidden_size), generator=g) for _ in range(2))
     cache = RaggedCache(head.config, 1, k + 16, torch.float32, torch.device("cpu"))
     pieces = []
@@ -199,3 +199,194 @@ def test_method_lantern_decodes_with_a_lantern_drafter(tmp_path):
     assert all(g.tokens.numel() == 16 for g in gens)
     assert all(g.stats["drafter_forwards"] == g.stats["drafts_proposed"] > 0 for g in gens)
     assert sum(g.stats["drafts_accepted"] for g in gens) > 0
+
+
+# --------------------------------------------------------------------------------------- LANTERN's Anole drafter
+
+ANOLE_LAYER_SHAPES = {  # the tiny Anole's sizes: hidden 32, 4 heads of 8, 2 key-value heads, MLP 64
+    "self_attn.q_proj.weight": (32, 32), "self_attn.k_proj.weight": (16, 32), "self_attn.v_proj.weight": (16, 32),
+    "self_attn.o_proj.weight": (32, 32), "self_attn.q_norm.weight": (4, 8), "self_attn.q_norm.bias": (4, 8),
+    "self_attn.k_norm.weight": (2, 8), "self_attn.k_norm.bias": (2, 8), "mlp.gate_proj.weight": (64, 32),
+    "mlp.up_proj.weight": (64, 32), "mlp.down_proj.weight": (32, 64), "input_layernorm.weight": (32,),
+    "post_attention_layernorm.weight": (32,)}
+
+
+def write_anole_drafter(root: Path, adapter, seed: int = 0, extra: dict | None = None,
+                        config: dict | None = None) -> tuple[dict[str, torch.Tensor], dict]:
+    """A seeded drafter in the layout of LANTERN's Anole drafter (its ``config.json`` keys, ``pytorch_model.bin``)
+    for the tiny Anole; returns its state dict and config."""
+    c = adapter.decoder().config
+    g = torch.Generator().manual_seed(seed)
+    state = {f"layers.0.{k}": torch.randn(s, generator=g) * 0.3 + (1.0 if k.endswith("norm.weight") else 0.0)
+             for k, s in ANOLE_LAYER_SHAPES.items()}
+    state["fc.weight"] = torch.randn((32, 64), generator=g) * 0.3
+    state["fc.bias"] = torch.randn(32, generator=g) * 0.1
+    state["embed_tokens.weight"] = adapter.decoder().get_input_embeddings().weight.detach().clone()
+    state.update(extra or {})
+    conf = {"architectures": ["ChameleonForConditionalGeneration"], "model_type": "chameleon", "hidden_size": 32,
+            "intermediate_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 1,
+            "rms_norm_eps": 1e-5, "rope_theta": 1000.0, "rope_scaling": None, "hidden_act": "silu",
+            "attention_bias": False, "mlp_bias": False, "vocab_size": c.vocab_size, **(config or {})}
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "config.json").write_text(json.dumps(conf))
+    torch.save(state, root / "pytorch_model.bin")
+    return state, conf
+
+
+def anole_oracle(state: dict[str, torch.Tensor], conf: dict, embeds: torch.Tensor, features: torch.Tensor,
+                 positions: torch.Tensor) -> torch.Tensor:
+    """LANTERN's Anole drafter (``cnets_anole.py``) over one causal sequence ``[1, q, D]`` at rotary positions
+    ``positions [q]``: ``fc``; RMSNorm; q / k / v; per-head LayerNorm of q and k over the head's channels (eps
+    1e-5, no affine, then the head's weight and bias); 1-D rotary of the halves, base ``rope_theta``; causal
+    attention, key-value heads shared by consecutive query heads; residual; RMSNorm, SwiGLU, residual."""
+    w, eps = {k.removeprefix("layers.0."): v for k, v in state.items()}, conf["rms_norm_eps"]
+    heads, kv, d = conf["num_attention_heads"], conf["num_key_value_heads"], conf["hidden_size"] // conf["num_attention_heads"]
+
+    def rms(x, weight):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+    def rotate(x, cos, sin):
+        return x * cos + torch.cat([-x[..., d // 2:], x[..., : d // 2]], -1) * sin
+
+    h = F.linear(torch.cat([embeds, features], -1), w["fc.weight"], w["fc.bias"])
+    x, q_len = rms(h, w["input_layernorm.weight"]), h.shape[1]
+    q = F.linear(x, w["self_attn.q_proj.weight"]).view(q_len, heads, d)
+    k = F.linear(x, w["self_attn.k_proj.weight"]).view(q_len, kv, d)
+    v = F.linear(x, w["self_attn.v_proj.weight"]).view(q_len, kv, d)
+    q = F.layer_norm(q, (d,), eps=1e-5) * w["self_attn.q_norm.weight"] + w["self_attn.q_norm.bias"]
+    k = F.layer_norm(k, (d,), eps=1e-5) * w["self_attn.k_norm.weight"] + w["self_attn.k_norm.bias"]
+    angles = positions[:, None].float() / conf["rope_theta"] ** (torch.arange(0, d, 2).float() / d)
+    cos, sin = torch.cat([angles.cos()] * 2, -1)[:, None], torch.cat([angles.sin()] * 2, -1)[:, None]
+    q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+    k, v = k.repeat_interleave(heads // kv, dim=1), v.repeat_interleave(heads // kv, dim=1)
+    scores = torch.einsum("qhd,khd->hqk", q, k) / math.sqrt(d)
+    scores = scores.masked_fill(torch.ones(q_len, q_len, dtype=torch.bool).triu(1), float("-inf"))
+    h = h + F.linear(torch.einsum("hqk,khd->qhd", scores.softmax(-1), v).flatten(1), w["self_attn.o_proj.weight"])[None]
+    y = rms(h, w["post_attention_layernorm.weight"])
+    return h + F.linear(F.silu(F.linear(y, w["mlp.gate_proj.weight"])) * F.linear(y, w["mlp.up_proj.weight"]),
+                        w["mlp.down_proj.weight"])
+
+
+def test_lanterns_anole_drafter_loads_and_computes_its_layer(tmp_path):
+    """Every key of LANTERN's Anole layout maps (no missing, none unexpected: ``load_state_dict`` is strict) and the
+    head computes the oracle; the same oracle detects the head's Llama layer, which drops the input norm."""
+    adapter = rejecting_anole()
+    state, conf = write_anole_drafter(tmp_path / "drafter", adapter)
+    head = load_head(tmp_path / "drafter", adapter)
+    assert set(head.state_dict()) == {"fc.weight", "fc.bias"} | {f"layer.{k}" for k in ANOLE_LAYER_SHAPES}
+    assert head.pairs.count is None  # each row opens with its own prompt
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, adapter.decoder().config.vocab_size, (1, 12), generator=g)
+    embeds, features = adapter.embed(ids), torch.randn((1, 12, 32), generator=g)
+    with torch.no_grad():
+        oracle = anole_oracle(state, conf, embeds, features, torch.arange(12))
+        torch.testing.assert_close(head(embeds, features), oracle, atol=1e-5, rtol=1e-5)
+        head.layer.input_layernorm = torch.nn.Identity()  # negative control
+        assert (head(embeds, features) - oracle).abs().max() > 1e-2
+
+
+class DraftRecorder(EagleDrafter):
+    """Keeps every iteration's drafts and recorded draft laws."""
+
+    def _draft(self, slots, gammas):
+        drafted = super()._draft(slots, gammas)
+        self.drafted = [*getattr(self, "drafted", []), drafted[0]]
+        return drafted
+
+
+def anole_laws(adapter, drafter, state, conf, prompt: str, x0: torch.Tensor, draft: torch.Tensor,
+               shift: int = 1) -> torch.Tensor:
+    """The oracle's laws ``[2, V]`` of an image's first two drafts: per CFG row, its pairs (``prompt[t + shift]``,
+    the target's feature of prompt position ``t``) at positions ``t`` (LANTERN's pairing: ``shift=1``; the last id
+    is ``x_0``), then ``(draft, f')``, each row's last output through the target's head and processors."""
+    outs = [[], []]
+    for row in adapter.prompt_inputs(prompt):
+        seq = torch.cat([row, x0, draft])  # the target's ids; f of prompt + x0, the draft's pair needs f' instead
+        f = adapter.features_step(seq[None, : row.numel()], None, None, None)
+        ids = seq[shift : row.numel() + shift][None]
+        out = anole_oracle(state, conf, adapter.embed(ids), f, torch.arange(row.numel()))
+        nxt = anole_oracle(state, conf, adapter.embed(torch.cat([ids, draft[None]], 1)),
+                           torch.cat([f, out[:, -1:]], 1), torch.arange(row.numel() + 1))
+        outs[0].append(out[0, -1])
+        outs[1].append(nxt[0, -1])
+    return torch.stack([drafter.pipeline(adapter.head(torch.stack(o)).view(1, 2, 1, -1))[0, 0] for o in outs])
+
+
+def test_decoding_drafts_from_lanterns_anole_drafter_law(tmp_path):
+    """The first two drafts after image token 0 are recorded with the laws of LANTERN's Anole drafter over each
+    CFG row's pairs (conditional: BOS, caption, end of turn, begin image; unconditional: BOS, begin image), the
+    first through one head forward of the pending pairs, the second through the head's cache; the oracle with the
+    pairs one id off (``(prompt[t], f_t)``) is another law (negative control)."""
+    adapter = rejecting_anole()
+    state, conf = write_anole_drafter(tmp_path / "drafter", adapter)
+    drafter = DraftRecorder(window=3, head=str(tmp_path / "drafter"))
+    gen = JacobiEngine(adapter, SJD(), drafter).generate("a red apple", 0)
+    (first, _), (drafts, laws) = drafter.drafted[:2]
+    assert first.numel() == 0 and laws.shape[0] == 2  # the first window is one AR step
+    x0, draft = gen.tokens[:1], adapter.image_token_ids[drafts[:1]]  # token ids (the drafts: code indices)
+    with torch.no_grad():
+        oracle = anole_laws(adapter, drafter, state, conf, "a red apple", x0, draft)
+        torch.testing.assert_close(laws, oracle, atol=1e-5, rtol=1e-4)
+        off_by_one = anole_laws(adapter, drafter, state, conf, "a red apple", x0, draft, shift=0)
+    assert (off_by_one[0] - laws[0]).abs().max() > 1e-3
+
+
+def test_bad_anole_drafters_get_one_line(tmp_path):
+    adapter = rejecting_anole()
+    write_anole_drafter(tmp_path / "extra", adapter, extra={"norm.weight": torch.ones(32)})
+    with pytest.raises(ValueError, match=r"^drafter.head=.*extra: missing keys \[\], unexpected keys \['norm.weight'\]"):
+        load_head(tmp_path / "extra", adapter)
+    state, _ = write_anole_drafter(tmp_path / "no_qk_norm", adapter)
+    torch.save({k: v for k, v in state.items() if "k_norm" not in k}, tmp_path / "no_qk_norm" / "pytorch_model.bin")
+    with pytest.raises(ValueError, match=r"missing keys \['layers.0.self_attn.k_norm.bias', 'layers.0.self_attn.k_norm"
+                                         r".weight'\], unexpected keys \[\]"):
+        load_head(tmp_path / "no_qk_norm", adapter)
+    write_anole_drafter(tmp_path / "shape", adapter, extra={"layers.0.self_attn.q_norm.weight": torch.ones(1, 8)})
+    with pytest.raises(ValueError, match=r"^drafter.head=.*shape: wrong shapes: layer.self_attn.q_norm.weight \(1, 8\) "
+                                         r"\(the head's: \(4, 8\)\)$"):
+        load_head(tmp_path / "shape", adapter)
+    write_anole_drafter(tmp_path / "embed", adapter, extra={"embed_tokens.weight": torch.zeros(3, 32)})
+    with pytest.raises(ValueError, match=r"embed_tokens.weight is \(3, 32\), the target's input embedding is \(286, 32\)$"):
+        load_head(tmp_path / "embed", adapter)
+    write_anole_drafter(tmp_path / "heads", adapter, config={"num_key_value_heads": 4})
+    with pytest.raises(ValueError, match=r"^drafter.head=.*heads: the drafter has \(hidden size, heads, key-value heads, "
+                                         r"vocab\) = \(32, 4, 4, 286\), the target \(32, 4, 2, 286\)$"):
+        load_head(tmp_path / "heads", adapter)
+    write_anole_drafter(tmp_path / "scaled", adapter, config={"rope_scaling": {"type": "linear", "factor": 2.0}})
+    with pytest.raises(ValueError, match=r"config.json lacks \[\] or sets rope_scaling=\{'type': 'linear'"):
+        load_head(tmp_path / "scaled", adapter)
+    with pytest.raises(ValueError, match=r"is LANTERN's Anole drafter \(model_type chameleon\); it drafts for "
+                                         r"model=anole_7b / anole_tiny, not LlamaGenAdapter$"):
+        load_head(tmp_path / "extra", rejecting_llamagen("t2i"))
+    with pytest.raises(ConfigError, match=r"is LANTERN's Anole drafter .* not LlamaGenAdapter"):  # before it loads
+        Decoder("llamagen_t2i_tiny", "lantern", drafter="eagle", **{"drafter.head": str(tmp_path / "extra")})
+    write_lantern(tmp_path / "llamagen", rejecting_llamagen("t2i"), "t2i")
+    with pytest.raises(ValueError, match=r"is a LANTERN LlamaGen drafter; it drafts for model=llamagen_\*, not AnoleAdapter"):
+        load_head(tmp_path / "llamagen", adapter)
+    write_anole_drafter(tmp_path / "unknown", adapter, config={"model_type": "llama"})
+    with pytest.raises(ConfigError, match=r"its config.json has neither input_type .* nor model_type 'chameleon'"):
+        build_drafter(OmegaConf.create({"name": "eagle", "_target_": "csd.drafters.EagleDrafter",
+                                        "head": str(tmp_path / "unknown")}))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match=r"model=anole_7b: `hf download jadohu/anole_drafter --local-dir <dir>`"):
+        build_drafter(OmegaConf.create({"name": "eagle", "_target_": "csd.drafters.EagleDrafter",
+                                        "head": str(tmp_path / "empty")}))
+
+
+def test_method_lantern_decodes_with_lanterns_anole_drafter(tmp_path):
+    """``method=lantern drafter=eagle drafter.head=<dir> model=anole_tiny`` (the run config ``run.py`` composes)
+    decodes with the drafter (one head forward per draft); a batch of prompts of other lengths (the head's cache
+    grows for the longer one) gives batch 1's tokens."""
+    write_anole_drafter(tmp_path / "drafter", rejecting_anole())
+    decoder = Decoder("anole_tiny", "lantern", drafter="eagle", **{"drafter.head": str(tmp_path / "drafter")})
+    gens = [decoder.generate("a red apple", seed=s)[1] for s in range(2)]
+    assert all(g.tokens.numel() == 9 for g in gens)
+    assert all(g.stats["drafter_forwards"] == g.stats["drafts_proposed"] > 0 for g in gens)
+    adapter, head = rejecting_anole(), str(tmp_path / "drafter")
+    requests = [Request(prompt, 0) for prompt in ("a cat", "a red apple", "a dog on a red sofa by the window")]
+    one = JacobiEngine(adapter, SJD(), EagleDrafter(window=3, head=head))
+    two = JacobiEngine(adapter, SJD(), EagleDrafter(window=3, head=head), batch_size=2)
+    batched = {r.prompt: g for r, g in two.generate_many(requests)}
+    for r in requests:
+        ref = one.generate(r.prompt, r.seed)
+        assert batched[r.prompt].tokens.tolist() == ref.tokens.tolist() and batched[r.prompt].stats == ref.stats
