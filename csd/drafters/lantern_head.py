@@ -176,7 +176,11 @@ def halves_from_pairs(weight: torch.Tensor, heads: int) -> torch.Tensor:
 def lantern_kind(path: str | Path) -> str:
     """``llamagen`` (``config.json`` has an ``input_type``) or ``anole`` (``model_type: chameleon``); one line for
     any other config (or missing files)."""
-    config = json.loads(lantern_files(path)[0].read_text())
+    config_file = lantern_files(path)[0]
+    try:
+        config = json.loads(config_file.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"drafter.head={path}: {config_file} is not JSON ({err})") from None
     if "input_type" in config:
         return "llamagen"
     if config.get("model_type") == "chameleon":
@@ -247,8 +251,8 @@ def head_state(path: str | Path, raw: dict[str, torch.Tensor], layer_keys: Any, 
 def lantern_parts(path: str | Path, adapter: ModelAdapter) -> HeadParts:
     """The head LANTERN's drafter at ``path`` makes for ``adapter``: a LlamaGen drafter (``input_type``) or the Anole
     drafter (``model_type: chameleon``), told apart by its ``config.json``; one line for any other."""
-    config_file, weights = lantern_files(path)
     parts = llamagen_parts if lantern_kind(path) == "llamagen" else anole_parts
+    config_file, weights = lantern_files(path)
     return parts(path, json.loads(config_file.read_text()), weights, adapter)
 
 

@@ -202,8 +202,10 @@ def test_bad_values_are_one_line_config_errors(overrides, message):
     assert "\n" not in str(err.value)
 
 
-def test_paper_preset_composes_and_validates():
-    """``experiment=paper_anole_7b``: Anole-7B on COCO under LANTERN's protocol, with its caption rule."""
+def test_paper_preset_composes_and_validates(tmp_path):
+    """``experiment=paper_anole_7b``: Anole-7B on COCO under LANTERN's protocol, with its caption rule; the extra runs
+    its file names (SJD and LANTERN on LANTERN's Anole drafter, its folder checked at config time) validate, and a
+    LlamaGen drafter's folder is refused there in one line."""
     from hydra import compose, initialize_config_dir
 
     from csd.config import CONF_DIR
@@ -214,3 +216,11 @@ def test_paper_preset_composes_and_validates():
     assert cfg.hydra.sweeper.params.method == "ar,sjd,lantern,csd,sjd_pac" and cfg.logger.group == "paper_anole_7b"
     for method in cfg.hydra.sweeper.params.method.split(","):
         validate(make_cfg("experiment=paper_anole_7b", f"method={method}"))
+    (tmp_path / "config.json").write_text('{"model_type": "chameleon"}')
+    (tmp_path / "pytorch_model.bin").write_text("")
+    for method in ("sjd", "lantern"):
+        validate(make_cfg("experiment=paper_anole_7b", f"method={method}", "drafter=eagle", f"drafter.head={tmp_path}"))
+    (tmp_path / "config.json").write_text('{"input_type": "t2i"}')
+    with pytest.raises(ConfigError, match=r"is a LANTERN LlamaGen drafter; it drafts for model=llamagen_\*, not "
+                                          r"AnoleAdapter$"):
+        validate(make_cfg("experiment=paper_anole_7b", "method=lantern", "drafter=eagle", f"drafter.head={tmp_path}"))

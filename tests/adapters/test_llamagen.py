@@ -320,8 +320,8 @@ def test_paper_presets_compose_and_validate(preset, model, protocol, methods, tm
     assert cfg.hydra.sweeper.params.method == methods and cfg.logger.group == preset
     if protocol == "lantern":  # LANTERN's sampling, not the model preset's (SJD's)
         assert (cfg.model.guidance_scale, cfg.model.top_k, cfg.model.gpt_ckpt) == (3.0, 2000, "LlamaGen-T2I")
-    for name in ("config.json", "pytorch_model.bin"):
-        (tmp_path / name).write_text("")
+    (tmp_path / "config.json").write_text('{"input_type": "t2i"}')
+    (tmp_path / "pytorch_model.bin").write_text("")
     head = f"drafter.head={tmp_path}"
     extra = [("method=sjd", "drafter=zipar")] if protocol == "sjd" else [("method=sjd", "drafter=eagle", head),
                                                                        ("method=lantern", "drafter=eagle", head)]
