@@ -285,7 +285,8 @@ def anole_fit(path: str | Path, config: dict[str, Any], adapter: ModelAdapter) -
         raise ValueError(f"drafter.head={path}: config.json lacks {missing} or sets rope_scaling="
                          f"{config.get('rope_scaling')!r}; LANTERN's Anole drafter has them all and rope_scaling null")
     sizes = {k: config.get(k, default) for k, default in ANOLE_LAYER.items()}
-    return ChameleonConfig(**sizes, num_hidden_layers=1, vocab_size=1, attn_implementation="sdpa")
+    return ChameleonConfig(**sizes, num_hidden_layers=1, vocab_size=1, bos_token_id=None, eos_token_id=None,
+                           pad_token_id=None, attn_implementation="sdpa")
 
 
 def anole_parts(path: str | Path, config: dict[str, Any], weights: Path, adapter: ModelAdapter) -> HeadParts:
