@@ -86,7 +86,8 @@ def test_cool_sd_depth_is_the_window_position():
 
 
 @pytest.mark.parametrize("rule", [EntropySJD(), EntropySJD(entropy_scale=2.0, entropy_offset=0.0),
-                                  CoolSD(anneal_scale=3.0, anneal_decay=0.2)], ids=repr)
+                                  CoolSD(anneal_scale=3.0, anneal_decay=0.2)],
+                         ids=["entropy_sjd", "entropy_sjd_scale2_offset0", "cool_sd"])
 def test_residual_is_the_optimal_one(rule):
     """``norm([q - p b]_+) = norm([q - p]_+)`` at every depth because ``b >= min(1, q/p)`` (COOL-SD Prop. 1)."""
     q, p, _ = random_rows(seed=2, rows=4)
