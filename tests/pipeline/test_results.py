@@ -21,6 +21,7 @@ def test_committed_toy_run_reproduces(run_json):
     info = json.loads(run_json.read_text())
     record = load_records(run_json.parent)[0]
     params = {f"method.{k}": v for k, v in info["method_params"].items()}
+    params["model.temperature"] = info["model_info"]["temperature"]
     dec = Decoder(model="toy", method=info["method"], device="cpu", **params)
     _, gen = dec.generate(record["prompt"], seed=record["seed"])
     assert gen.tokens.tolist() == record["tokens"]
@@ -35,6 +36,17 @@ STUDY = RESULTS / "entropy_study"
 def test_committed_study_run_reproduces_at_batch_1(run):
     """The study decodes at batch 16; its calibrated knobs give the same tokens one image at a time."""
     test_committed_toy_run_reproduces(STUDY / run / "run.json")
+
+
+REGIMES = RESULTS / "entropy_regimes"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("run", ["T1.7/csd_gated_x1.10", "T2.1/amplify_x1.25", "T2.4/entropy_sjd_x1.50"])
+def test_committed_regime_run_reproduces_at_batch_1(run):
+    """A run of the entropy-regimes study (batch 16, at its regime's sampling temperature): its first image at
+    batch 1."""
+    test_committed_toy_run_reproduces(REGIMES / run / "run.json")
 
 
 @pytest.mark.slow
@@ -74,3 +86,5 @@ def test_committed_results_exist():
     assert (RESULTS / "ablation_lambda_delta/report/pareto_toy.png").exists()
     assert len(list(RESULTS.glob("toy_drafters/*/run.json"))) == 5
     assert (STUDY / "study/study.md").exists() and (STUDY / "study/quality_vs_compression.png").exists()
+    assert len(list(REGIMES.glob("T*/*/run.json"))) == 3 * 17
+    assert (REGIMES / "report/regimes.md").exists() and (REGIMES / "report/regimes.png").exists()
