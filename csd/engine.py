@@ -176,10 +176,11 @@ class JacobiEngine:
         # 2 forward
         if self.drafter.reads_features:
             raw, proposal.features = state.forward(proposal.ids, proposal.from_prompt, proposal.active,
-                                                   tree=proposal.tree, features=True, shift=proposal.shift)
+                                                   tree=proposal.tree, features=True, shift=proposal.shift,
+                                                   groups=proposal.groups)
         else:
             raw = state.forward(proposal.ids, proposal.from_prompt, proposal.active, tree=proposal.tree,
-                                shift=proposal.shift)
+                                shift=proposal.shift, groups=proposal.groups)
         # 3 target
         target = self.pipeline(raw[:, :, : proposal.rows])
         target_entropy = entropy(target)

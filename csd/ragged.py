@@ -126,7 +126,7 @@ class RaggedCache:
             self.filled[r] = start
 
     def extend(self, rows: slice, q: int, advance: Sequence[bool] | None = None, tree: TreeMask | None = None,
-               shift: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+               shift: torch.Tensor | None = None, groups: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Reserve ``q`` entries on each of ``rows`` for the next forward; returns its ``position_ids [A, q]`` and
         additive ``attention_mask [A, 1, q, bound]`` (0 where key ``k <= lengths[r] + j``, dtype min elsewhere;
         ``bound``: :func:`key_bound` of the advancing rows' new lengths, the whole capacity when ``fixed``).
@@ -135,7 +135,9 @@ class RaggedCache:
         that write in another order than their positions: ZipAR, docs/ALGORITHMS.md "ZipAR"): entry ``j`` still goes to
         index ``lengths[r] + j``, its position id is ``lengths[r] + j + shift[r, j]``, and it sees exactly the entries
         written so far (this window's included) whose position id is at most its own. Once a forward was shifted the
-        cache keeps every entry's position id (``key_pos``).
+        cache keeps every entry's position id (``key_pos``). ``groups [A, q]`` (with ``shift``; several chains in one
+        window: PJD's row-causal mask, docs/ALGORITHMS.md "PJD"): inside the window, entry ``j`` sees entry ``i`` only
+        if ``groups[i]`` is 0 (a committed token, context for every chain) or equals ``groups[j]``.
 
         Rows not flagged in ``advance`` (default: all flagged) keep their length: their entries are written
         past it (clamped to the last one, so a full row may lose its last entry) and never attended to.
@@ -158,7 +160,7 @@ class RaggedCache:
             positions = positions + shift
         if shift is not None or self.key_pos is not None:
             self._record_positions(rows, write, positions)
-        mask = self._mask(rows, q, positions, tree, shift is not None)
+        mask = self._mask(rows, q, positions, tree, shift is not None, groups)
         starts = {self.filled[r] for r in indices}
         same_start = len(starts) == 1 and min(starts) >= 0 and all(advance)
         self._span = slice(min(starts), min(starts) + q) if same_start and tree is None and not self.fixed else None
@@ -173,13 +175,21 @@ class RaggedCache:
             self.filled[r] += q * grows
         return positions, mask.unsqueeze(1)
 
-    def _mask(self, rows: slice, q: int, positions: torch.Tensor, tree: TreeMask | None, shifted: bool) -> torch.Tensor:
+    def _mask(self, rows: slice, q: int, positions: torch.Tensor, tree: TreeMask | None, shifted: bool,
+              groups: torch.Tensor | None) -> torch.Tensor:
         """The additive mask ``[A, q, bound]`` of :meth:`extend` (before ``lengths`` advance)."""
         if tree is not None:
             visible = tree.visible(self.lengths[rows], self._bound)
         elif shifted:  # the entries written so far whose position id is at most the query's
-            written = torch.arange(self._bound, device=self.device) < (self.lengths[rows] + q)[:, None]
+            keys = torch.arange(self._bound, device=self.device)
+            written = keys < (self.lengths[rows] + q)[:, None]
             visible = written[:, None, :] & (self.key_pos[rows, : self._bound][:, None, :] <= positions[:, :, None])
+            if groups is not None:  # inside the window: shared entries (group 0) and the query's own group only
+                rel = keys - self.lengths[rows, None]
+                inside = (rel >= 0) & (rel < q)
+                key_group = groups.gather(1, rel.clamp(0, q - 1))
+                same = (key_group[:, None, :] == groups[:, :, None]) | (key_group == 0)[:, None, :]
+                visible &= ~inside[:, None, :] | same
         elif self.fixed:
             visible = torch.arange(self._bound, device=self.device) <= positions[:, :, None]
         else:  # the same values, read from a table: one gather instead of four kernels per forward
@@ -325,8 +335,8 @@ class SlotBatch:
 
     @torch.no_grad()
     def forward(self, ids: torch.Tensor, from_prompt: Sequence[bool], active: Sequence[bool],
-                tree: TreeMask | None = None, features: bool = False,
-                shift: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+                tree: TreeMask | None = None, features: bool = False, shift: torch.Tensor | None = None,
+                groups: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """One forward of every slot's window ``ids [B, K]`` (column 0 the anchor; the prompt's last token where
         ``from_prompt``): raw logits ``[B, rows, K, V]``, row for row those of :func:`reference_logits`. Inactive
         slots' caches do not advance and their logits are meaningless. A row with an empty prompt has no context for
@@ -334,7 +344,7 @@ class SlotBatch:
         unguided). ``tree``: every slot's window is that tree (``RaggedCache.extend``; eager only). ``features``:
         also return the decoder's last hidden states ``[B, rows, K, D]`` the logits were computed from
         (``logits = adapter.head(features)``, the same forward), as ``(logits, features)``. ``shift [B, K]``: each
-        slot's position-id shifts (``RaggedCache.extend``; eager only)."""
+        slot's position-id shifts and ``groups [B, K]`` its entries' chains (``RaggedCache.extend``; eager only)."""
         slots, k = ids.shape
         if slots != self.slots or self.prompt_tail is None:
             raise ValueError(f"forward needs ids for all {self.slots} slots after a prefill, got {slots}")
@@ -352,7 +362,9 @@ class SlotBatch:
             self.cache.grow(max(self.cache.filled) + k)
         if shift is not None:
             shift = shift.to(self.cache.device).repeat_interleave(rows, dim=0)
-        position_ids, mask = self.cache.extend(slice(0, self.cache.rows), k, advance, tree, shift)
+        if groups is not None:
+            groups = groups.to(self.cache.device).repeat_interleave(rows, dim=0)
+        position_ids, mask = self.cache.extend(slice(0, self.cache.rows), k, advance, tree, shift, groups)
         self.ran = list(active)
         hidden = None
         if features:

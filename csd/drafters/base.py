@@ -68,7 +68,8 @@ class Proposal:
     after the forward for a drafter that reads them (:attr:`Drafter.reads_features`), else None. ``shift [B, fed]``:
     position ids other than the cache order (entry ``j`` of a slot whose cache holds ``e`` entries has position id
     ``e + j + shift[b, j]`` and sees the entries written so far whose position id is at most its own:
-    ``csd.ragged.RaggedCache.extend``; ZipAR), None: position id = cache order, causal."""
+    ``csd.ragged.RaggedCache.extend``; ZipAR, PJD), None: position id = cache order, causal. ``groups [B, fed]`` (with
+    ``shift``; PJD's row-causal windows): inside the window an entry sees only group-0 entries and its own group's."""
 
     ids: torch.Tensor
     from_prompt: list[bool]
@@ -78,6 +79,7 @@ class Proposal:
     windows: list[Any]
     features: torch.Tensor | None = None
     shift: torch.Tensor | None = None
+    groups: torch.Tensor | None = None
 
     @property
     def fed(self) -> int:
@@ -149,6 +151,11 @@ class Drafter(Parametrized, ABC):
             return (f"method={method} with drafter.window=1 decodes exactly like method=ar (one token per forward, no "
                     "drafts) but would be labelled and reported as another method: use method=ar, or drafter.window >= 2")
         return None
+
+    def forward_entries(self, grid: tuple[int, int], body_len: int) -> int:
+        """The most entries one forward feeds per image on a ``grid`` of ``body_len`` body positions (the memory
+        plan's window): ``window``, or the body for a drafter without windows (ZipAR: one entry per row in flight)."""
+        return body_len if self.window is None else self.window
 
     def model_problem(self, adapter_class: type[ModelAdapter]) -> str | None:
         """Why this drafter cannot draft for the models of ``adapter_class``, in one line (checked with the config,

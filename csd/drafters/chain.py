@@ -98,34 +98,51 @@ def chain_proposal(drafter: Drafter, slots: list[Slot | None], windows: list[Cha
 
 def verify_chains(drafter: Drafter, rule: AcceptanceRule, slots: list[Slot | None], proposal: Proposal,
                   target: torch.Tensor, target_entropy: torch.Tensor, shared: list[torch.Tensor | None]) -> Verified:
-    """Step 4 for chain windows (:func:`csd.verify.verify_window`): ``shared[b]`` is slot ``b``'s Gumbel-sharing noise of
-    its window's rows ``[1, rows, V]`` or None. The ``drafter_forwards`` counter is 0 (a drafter with forwards of its own
-    adds them)."""
-    windows, rows, vocab, device = proposal.windows, proposal.rows, drafter.vocab, drafter.device
-    # each image draws its window's random numbers from its own generator, exactly as at batch 1
-    own = [None if w is None else WindowNoise.draw(1, w.rows, vocab, slot.generator, device, noise)
-           for slot, w, noise in zip(slots, windows, shared, strict=True)]
+    """Step 4 for one chain window per slot (:func:`verify_chain_batch`, each window starting at its slot's ``n``)."""
+    heads = [None if w is None else ChainHead(slot.n, slot.generator) for slot, w in zip(slots, proposal.windows, strict=True)]
+    return verify_chain_batch(drafter, rule, heads, proposal.windows, target, target_entropy, shared)
+
+
+@dataclass(frozen=True)
+class ChainHead:
+    """Where a chain window starts: ``n``, the body position of its first draft (its anchor's row predicts it), and the
+    generator of its image."""
+
+    n: int
+    generator: torch.Generator
+
+
+def verify_chain_batch(drafter: Drafter, rule: AcceptanceRule, heads: list[ChainHead | None], windows: list[ChainWindow | None],
+                       target: torch.Tensor, target_entropy: torch.Tensor, shared: list[torch.Tensor | None]) -> Verified:
+    """Step 4 for a batch of chain windows (:func:`csd.verify.verify_window`; None: no window): ``target [C, rows, V]``
+    and ``target_entropy [C, rows]`` are window ``i``'s rows, ``shared[i]`` its Gumbel-sharing noise of its rows
+    ``[1, rows, V]`` or None. Each window draws its random numbers from its own image's generator, in window order.
+    The ``drafter_forwards`` counter is 0 (a drafter with forwards of its own adds them)."""
+    rows, vocab, device = target.shape[1], drafter.vocab, drafter.device
+    own = [None if w is None else WindowNoise.draw(1, w.rows, vocab, head.generator, device, noise)
+           for head, w, noise in zip(heads, windows, shared, strict=True)]
     if all(w is not None and w.rows == rows for w in windows):  # every window full (batch 1 always): no padding
         noise = WindowNoise(*(torch.cat([getattr(o, f) for o in own]) for f in ("samples", "uniforms", "residual")))
         drafts = torch.stack([w.drafts for w in windows])
         draft_probs = torch.stack([w.draft_probs for w in windows])
-        forced = torch.stack([drafter.body.is_forced[slot.n : slot.n + rows - 1] for slot in slots])
+        forced = torch.stack([drafter.body.is_forced[head.n : head.n + rows - 1] for head in heads])
         n_drafts = None
     else:  # windows shorter than the batch's are padded (padding is never accepted nor committed)
-        noise = WindowNoise(target.new_ones((len(slots), rows, vocab)), target.new_zeros((len(slots), rows - 1)),
-                            target.new_ones((len(slots), vocab)))
-        drafts = torch.zeros((len(slots), rows - 1), dtype=torch.long, device=device)
+        count = len(windows)
+        noise = WindowNoise(target.new_ones((count, rows, vocab)), target.new_zeros((count, rows - 1)),
+                            target.new_ones((count, vocab)))
+        drafts = torch.zeros((count, rows - 1), dtype=torch.long, device=device)
         draft_probs = F.one_hot(drafts, vocab).float()
-        forced = torch.zeros((len(slots), rows - 1), dtype=torch.bool, device=device)
-        for b, (slot, w, o) in enumerate(zip(slots, windows, own, strict=True)):
+        forced = torch.zeros((count, rows - 1), dtype=torch.bool, device=device)
+        for b, (head, w, o) in enumerate(zip(heads, windows, own, strict=True)):
             if w is None:
                 continue
             noise.samples[b, : w.rows], noise.uniforms[b, : w.rows - 1], noise.residual[b] = o.samples[0], o.uniforms[0], o.residual[0]
             drafts[b, : w.rows - 1], draft_probs[b, : w.rows - 1] = w.drafts, w.draft_probs
-            forced[b, : w.rows - 1] = drafter.body.is_forced[slot.n : slot.n + w.rows - 1]
+            forced[b, : w.rows - 1] = drafter.body.is_forced[head.n : head.n + w.rows - 1]
         n_drafts = to_device([0 if w is None else w.rows - 1 for w in windows], device)
     result, samples = verify_window(rule, target, target_entropy, drafts, draft_probs, forced, noise, n_drafts)
-    kinds = torch.full((len(slots), rows), COMMIT_SAMPLED, dtype=torch.long, device=device)
+    kinds = torch.full((len(windows), rows), COMMIT_SAMPLED, dtype=torch.long, device=device)
     kinds[:, : rows - 1] = torch.where(
         result.accepted, torch.where(result.relaxed, COMMIT_RELAXED, COMMIT_ACCEPTED), COMMIT_SAMPLED
     )

@@ -24,6 +24,7 @@ from csd.acceptance import AcceptanceRule
 from csd.adapters.base import ModelAdapter
 from csd.device import to_device
 from csd.drafters.base import STAT_KEYS, BodyIds, Drafter, Proposal, Verified
+from csd.drafters.spatial import may_start, proxy_row, to_raster
 from csd.params import Param
 from csd.records import COMMIT_SAMPLED
 from csd.schema import Int
@@ -64,13 +65,14 @@ def zipar_schedule(rows: int, cols: int, window_size: int) -> list[Forward]:
                 queries.append(index[r * cols - 1])
             else:  # the first token of row r: the latest token of row r - 2 at the position of cell (r - 1, W - 1)
                 queries.append(len(fresh) + len(proxies))
-                proxies.append(((r - 2) * cols + done[r - 2] - 1, r * cols - 1))
+                source = proxy_row(r)
+                proxies.append((source * cols + done[source] - 1, r * cols - 1))
         fresh = [r * cols + done[r] for r in active]
         out.append(Forward(tuple(entries + proxies), tuple(queries), tuple(fresh), len(proxies)))
         for r in active:
             done[r] += 1
         active = [r for r in active if done[r] < cols]
-        if last + 1 < rows and done[last] >= (cols if last == 0 else start):
+        if last + 1 < rows and may_start(done[last], cols if last == 0 else start):
             last += 1
             active.append(last)
     return out
@@ -189,8 +191,4 @@ class ZipARDrafter(Drafter):
 
     def finish(self, slot: Slot) -> None:
         """Generation order -> raster order (:meth:`Drafter.finish`)."""
-        for name in ("body", "commit_iter", "commit_kind", "entropy"):
-            values = getattr(slot, name)
-            raster = torch.empty_like(values)
-            raster[self.order] = values
-            setattr(slot, name, raster)
+        to_raster(slot, self.order)

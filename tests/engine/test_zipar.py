@@ -141,8 +141,9 @@ def test_other_raster_models_decode_by_the_definition(build, prompt, monkeypatch
 
 
 def check_forwards(janus, grid: tuple[int, int], window: int, monkeypatch, prompt: str = PROMPT) -> None:
-    """Every entry's logits of one ZipAR image equal :func:`reference_entry_logits` (1e-5), and a proxy one cell
-    earlier does not."""
+    """Every entry's logits of one ZipAR image equal :func:`reference_entry_logits` (5e-5: fp32 sums in another order
+    differ by up to 1.5e-5 on logits of size 4, seen on an AMD EPYC), and a proxy one cell earlier
+    does not."""
     recorded = []
     forward = SlotBatch.forward
 
@@ -159,13 +160,13 @@ def check_forwards(janus, grid: tuple[int, int], window: int, monkeypatch, promp
     assert len(recorded) == len(forwards) == gen.nfe
     assert any(f.proxies for f in forwards)
     expected = reference_entry_logits(janus, prompt, forwards, codes)
-    assert torch.allclose(torch.cat(recorded, dim=1), expected, atol=1e-5, rtol=0)
+    assert torch.allclose(torch.cat(recorded, dim=1), expected, atol=5e-5, rtol=0)
     # negative control: the first proxy one cell earlier (a wrong position id) changes the reference
     t = next(t for t, f in enumerate(forwards) if f.proxies)
     (src, pos) = forwards[t].entries[-1]
     wrong = forwards[:t] + [Forward(forwards[t].entries[:-1] + ((src, pos - 1),), *astuple(forwards[t])[1:])]
     shifted = reference_entry_logits(janus, prompt, wrong, codes)
-    assert not torch.allclose(torch.cat(recorded, dim=1)[:, : shifted.shape[1]], shifted, atol=1e-5, rtol=0)
+    assert not torch.allclose(torch.cat(recorded, dim=1)[:, : shifted.shape[1]], shifted, atol=5e-5, rtol=0)
 
 
 @torch.no_grad()
