@@ -77,6 +77,7 @@ class ModelShape:
     logit_columns: int
     image_vocab: int
     body_len: int
+    grid: tuple[int, int]
     prompt_len: int
     cfg_rows: int
     dtype_bytes: int
@@ -132,7 +133,7 @@ def janus_shape(model: DictConfig) -> dict[str, Any]:
     side = int(round(config.vision_config.num_image_tokens ** 0.5))
     return dict(model=on_meta(JanusForConditionalGeneration, config), text=config.text_config, source=source,
                 logit_columns=config.vq_config.num_embeddings, image_vocab=config.vq_config.num_embeddings,
-                body_len=side * side, prompt_len=PROMPT_LEN)
+                body_len=side * side, grid=(side, side), prompt_len=PROMPT_LEN)
 
 
 def real_text_config(name: str) -> dict[str, int]:
@@ -161,7 +162,7 @@ def chameleon_shape(model: DictConfig, real: str, real_grid: tuple[int, int] | N
     lm = on_meta(ChameleonForConditionalGeneration, config)
     decoder = on_meta(VQGANDecoder, vqgan)
     return dict(model=lm, extra_bytes=module_bytes(decoder, torch.float32), text=config, source=source, logit_columns=config.vocab_size, image_vocab=vqgan.n_embed,
-                body_len=body_len(rows, cols), prompt_len=PROMPT_LEN)
+                body_len=body_len(rows, cols), grid=(rows, cols), prompt_len=PROMPT_LEN)
 
 
 def lumina_shape(model: DictConfig) -> dict[str, Any]:
@@ -188,7 +189,7 @@ def emu3_shape(model: DictConfig) -> dict[str, Any]:
         (rows, cols), source = EMU3_GRID, "REAL_SHAPES (hub config.json)"
     return dict(model=on_meta(Emu3ForConditionalGeneration, config), text=config.text_config, source=source,
                 logit_columns=config.text_config.vocab_size, image_vocab=config.vq_config.codebook_size,
-                body_len=rows * (cols + 1) + 2, prompt_len=PROMPT_LEN)
+                body_len=rows * (cols + 1) + 2, grid=(rows, cols), prompt_len=PROMPT_LEN)
 
 
 def toy_shape(model: DictConfig) -> dict[str, Any]:
@@ -202,7 +203,8 @@ def toy_shape(model: DictConfig) -> dict[str, Any]:
     if "layers" in model:  # model=toy_draft: the toy's first layers (csd.adapters.toy.load_toy_draft_adapter)
         config.num_hidden_layers = model.layers
     return dict(model=on_meta(LlamaForCausalLM, config), text=config, source=f"{LM_DIR.name}/config.json",
-                logit_columns=config.vocab_size, image_vocab=GRID * GRID, body_len=GRID * GRID, prompt_len=PROMPT_LEN)
+                logit_columns=config.vocab_size, image_vocab=GRID * GRID, body_len=GRID * GRID, grid=(GRID, GRID),
+                prompt_len=PROMPT_LEN)
 
 
 def llamagen_shape(model: DictConfig) -> dict[str, Any]:
@@ -234,7 +236,7 @@ def llamagen_shape(model: DictConfig) -> dict[str, Any]:
     if encoder is not None:
         extra += module_bytes(on_meta(T5EncoderModel, encoder), resolve_dtype(model.dtype))
     return dict(model=on_meta(LlamaGenGPT, config), extra_bytes=extra, text=config, source=source,
-                logit_columns=config.vocab_size, image_vocab=config.vocab_size, body_len=grid * grid,
+                logit_columns=config.vocab_size, image_vocab=config.vocab_size, body_len=grid * grid, grid=(grid, grid),
                 prompt_len=config.cls_token_num)
 
 
@@ -266,7 +268,7 @@ def model_shape(model: DictConfig) -> ModelShape:
     weights = module_bytes(parts["model"], dtype) + parts.get("extra_bytes", 0)  # Lumina's VQGAN decoder runs in fp32
     return ModelShape(
         name=model.name, weight_bytes=weights, **decoder_dims(parts["text"]), logit_columns=parts["logit_columns"],
-        image_vocab=parts["image_vocab"], body_len=parts["body_len"], prompt_len=parts["prompt_len"],
+        image_vocab=parts["image_vocab"], body_len=parts["body_len"], grid=parts["grid"], prompt_len=parts["prompt_len"],
         cfg_rows=2 if model.guidance_scale != 1 else 1, dtype_bytes=torch.empty(0, dtype=dtype).element_size(),
         source=parts["source"],
     )
@@ -378,9 +380,9 @@ def config_plan(cfg: DictConfig) -> tuple[MemoryPlan, float, str]:
 
     device = resolve_device(cfg.device)
     gumbel = cfg.drafter.get("coupling") == "gumbel"
-    shape, window = model_shape(cfg.model), build_drafter(cfg.drafter).window
-    # a drafter without windows (zipar: one entry per image row in flight) feeds fewer entries a forward than the body
-    plan = plan_memory(shape, shape.body_len if window is None else window, cfg.engine.compile, device.type, gumbel)
+    shape = model_shape(cfg.model)
+    window = build_drafter(cfg.drafter).forward_entries(shape.grid, shape.body_len)
+    plan = plan_memory(shape, window, cfg.engine.compile, device.type, gumbel)
     if cfg.engine.memory_gb is not None:
         return plan, cfg.engine.memory_gb * GB, "engine.memory_gb"
     what = "free memory of " + str(device) if device.type == "cuda" else "available RAM"

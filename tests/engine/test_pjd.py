@@ -259,3 +259,39 @@ def test_bad_settings_fail_in_one_line_before_the_model_loads(overrides, message
 @pytest.mark.parametrize("method", ["sjd", "csd", "gsd", "lantern", "amplify"])
 def test_every_rule_and_model_validates(model, method):
     validate(make_cfg(f"model={model}", f"method={method}", "drafter=pjd", "engine.batch_size=4"))
+
+
+@pytest.mark.parametrize(("preset", "model", "methods", "contexts"), [
+    ("paper_pjd_lumina", "lumina_mgpt_7b", "ar,sjd,gsd_g25,pjd_c16,pjd_c11", {"pjd_c16": 16, "pjd_c11": 11}),
+    ("paper_pjd_llamagen", "llamagen_t2i", "ar,gsd_g25,pjd_c6", {"pjd_c6": 6}),
+    ("paper_janus_pro_7b", "janus_pro_7b", "ar,sjd,sjd_l32,gsd,addition,amplify,csd,entropy_sjd,cool_sd,sjd_pac,pjd_c6",
+     {"pjd_c6": 6}),
+])
+def test_paper_presets_compose_and_validate(preset, model, methods, contexts):
+    """PJD's published settings: the model, SJD's protocol for PJD's own tables, every swept method validates, and the
+    PJD rows are SJD's rule on drafter=pjd with the paper's window 8 and context."""
+    from hydra import compose, initialize_config_dir
+
+    from csd.config import CONF_DIR
+
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=[f"experiment={preset}"], return_hydra_config=True)
+    assert cfg.model.name == model and cfg.hydra.sweeper.params.method == methods and cfg.logger.group == preset
+    if preset.startswith("paper_pjd"):
+        assert cfg.eval.protocol == "sjd" and cfg.dataset.caption_rule == "sjd"
+    for method in methods.split(","):
+        run = make_cfg(f"experiment={preset}", f"method={method}")
+        validate(run)
+        if method in contexts:
+            assert (run.drafter.name, run.drafter.window, run.drafter.context) == ("pjd", 8, contexts[method])
+            assert run.method._target_ == "csd.acceptance.SJD"
+
+
+def test_the_memory_plan_sizes_a_forward_of_every_row_in_flight():
+    """``stage=plan`` sizes a PJD forward as ``min(R, W - c + 1)`` rows of ``L`` entries plus a completion entry (each
+    lower row one cell behind the one above); ``c >= W`` is one chain."""
+    from csd.plan import config_plan
+
+    for context, entries in ((16, min(48, 48 - 16 + 1) * 8 + 1), (48, 8 + 1)):
+        plan, _, _ = config_plan(make_cfg("model=lumina_mgpt_7b", "method=sjd", "drafter=pjd", f"drafter.context={context}"))
+        assert plan.window == entries

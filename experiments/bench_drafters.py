@@ -1,0 +1,92 @@
+"""Paired speed of drafters on the toy: ms per engine iteration and images/s per (drafter, batch size).
+
+Each spec ``name:key=value,...`` (a drafter of ``csd.drafters.DRAFTERS`` with its keys) decodes ``--images`` toy
+held-out captions (image ``i``: caption ``i``, seed ``i``) with SJD's rule at every batch size, after one untimed
+warm-up image; ms per iteration = wall time of the pass / engine iterations (forwards), so batch 1 and B = 16 read
+the same way. ``--rounds`` repeats every (spec, B) in turn, so slow spells of a shared machine fall on every spec.
+Only the public engine API is used, so the same file measures an older checkout too
+(``PYTHONPATH=<checkout> python experiments/bench_drafters.py ...`` from this repository's root): a before / after
+pair is two runs of it, alternated, on the same machine. One thread (``torch.set_num_threads(1)``), CPU.
+
+    python -m experiments.bench_drafters --specs chain:window=8 pjd:window=8,context=8 --batch-sizes 1,16 --images 16
+
+Prints a table; ``--json FILE`` appends one line per measurement (label, spec, B, round, iterations, seconds, tokens).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from csd.acceptance import SJD
+from csd.adapters.toy import load_toy_adapter
+from csd.drafters import DRAFTERS
+from csd.engine import JacobiEngine, Request
+from csd.toy.domain import toy_prompts
+
+
+def parse_spec(spec: str) -> tuple[str, dict[str, Any]]:
+    """``name:key=value,...`` -> the drafter's name and its keys (ints where they parse)."""
+    name, _, keys = spec.partition(":")
+    values: dict[str, Any] = {}
+    for pair in filter(None, keys.split(",")):
+        key, _, value = pair.partition("=")
+        values[key] = int(value) if value.lstrip("-").isdigit() else value
+    return name, values
+
+
+def measure(adapter: Any, spec: str, batch: int, images: int, captions: list[str]) -> dict[str, float]:
+    """One timed pass of ``images`` images at batch ``batch``: seconds, engine iterations, body tokens and the images'
+    forwards (``nfe``, per image: step compression = tokens / nfe)."""
+    name, keys = parse_spec(spec)
+    engine = JacobiEngine(adapter, SJD(), DRAFTERS[name](**keys), batch_size=batch)
+    engine.generate(captions[0], 0)  # warm-up (untimed)
+    iterations = 0
+    step = engine._iteration
+
+    def counted(*args: Any) -> list[int]:
+        nonlocal iterations
+        iterations += 1
+        return step(*args)
+
+    engine._iteration = counted
+    requests = [Request(captions[i % len(captions)], i, i) for i in range(images)]
+    start = time.perf_counter()
+    gens = [gen for _, gen in engine.generate_many(requests)]
+    seconds = time.perf_counter() - start
+    return {"seconds": seconds, "iterations": iterations, "tokens": sum(g.tokens.numel() for g in gens),
+            "nfe": sum(g.nfe for g in gens)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--specs", nargs="+", required=True, help="drafters as name:key=value,...")
+    parser.add_argument("--batch-sizes", default="1,16")
+    parser.add_argument("--images", type=int, default=16)
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--label", default="")
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    adapter = load_toy_adapter()
+    captions = [p.text for p in toy_prompts(args.images)]
+    print("| label | drafter | B | round | ms / iteration | images / s | step compression |\n|---|---|---|---|---|---|---|")
+    for r in range(args.rounds):
+        for batch in (int(b) for b in args.batch_sizes.split(",")):
+            for spec in args.specs:
+                row = measure(adapter, spec, batch, args.images, captions)
+                ms = 1000 * row["seconds"] / row["iterations"]
+                print(f"| {args.label} | {spec} | {batch} | {r} | {ms:.2f} | {args.images / row['seconds']:.3f} | "
+                      f"{row['tokens'] / row['nfe']:.2f} |", flush=True)
+                if args.json is not None:
+                    with args.json.open("a") as out:
+                        out.write(json.dumps({"label": args.label, "spec": spec, "batch": batch, "round": r, **row}) + "\n")
+
+
+if __name__ == "__main__":
+    main()
