@@ -21,6 +21,7 @@ from baselines.gsd import GSD
 from baselines.lantern import Lantern
 from csd.acceptance import CSD, SJD
 from csd.adapters.janus import tiny_janus_adapter
+from csd.adapters.toy import load_toy_adapter
 from csd.config import ConfigError, validate
 from csd.drafters import ChainDrafter, PJDDrafter
 from csd.drafters.pjd import Chain, Commits, Row
@@ -295,3 +296,33 @@ def test_the_memory_plan_sizes_a_forward_of_every_row_in_flight():
     for context, entries in ((16, min(48, 48 - 16 + 1) * 8 + 1), (48, 8 + 1)):
         plan, _, _ = config_plan(make_cfg("model=lumina_mgpt_7b", "method=sjd", "drafter=pjd", f"drafter.context={context}"))
         assert plan.window == entries
+
+
+@pytest.mark.parametrize(("build", "prompt"), [
+    (lambda: load_toy_adapter(), "a red circle above a blue square"), (lambda: tiny_janus_adapter(), PROMPT),
+    (lambda: rejecting_lumina(), PROMPT), (lambda: rejecting_emu3(), PROMPT), (lambda: rejecting_llamagen("t2i"), PROMPT),
+    (lambda: rejecting_llamagen("c2i"), "7"), (lambda: rejecting_anole(), PROMPT),
+], ids=["toy", "janus", "lumina", "emu3", "llamagen_t2i", "llamagen_c2i", "anole"])
+def test_every_model_decodes_batched_as_alone(build, prompt):
+    """Every model family on PJD's rows (context 2, window 4): two images at batch 2 are their batch-1 tokens, every
+    free position an image token of the model."""
+    adapter = build()
+    drafter = {"window": 4, "context": 2}
+    requests = [Request(prompt, seed, seed) for seed in range(2)]
+    batched = dict(JacobiEngine(adapter, SJD(), PJDDrafter(**drafter), batch_size=2).generate_many(requests))
+    one = JacobiEngine(adapter, SJD(), PJDDrafter(**drafter))
+    free = adapter.layout.forced_ids < 0
+    for request, gen in batched.items():
+        assert torch.equal(gen.tokens, one.generate(request.prompt, request.seed).tokens)
+        assert set(gen.tokens[free].tolist()) <= set(adapter.image_token_ids.tolist())
+
+
+def test_one_host_read_per_iteration(janus, monkeypatch):
+    """The schedule runs on the host from the one read of every chain's accepted count; nothing else is read back but
+    each finished image (batch 3, refills, several rows in flight)."""
+    from tests.helpers import host_reads_per_batched_run
+
+    engine = JacobiEngine(janus, SJD(), PJDDrafter(window=3, context=1), batch_size=3)
+    requests = [Request(prompt, seed, seed) for seed, prompt in enumerate(["a cat", "a dog", "red", "sky"])]
+    reads, expected = host_reads_per_batched_run(engine, requests, monkeypatch)
+    assert reads == expected
