@@ -250,8 +250,9 @@ class PJDDrafter(Drafter):
         tokens (a lower row's prefix forced positions first, at its first commit)."""
         chains = [c for plan in proposal.windows if plan is not None for c in plan.chains]
         most, fed, vocab = max(c.window.rows for c in chains), proposal.fed, self.vocab
-        rows = torch.arange(most)
-        index = torch.stack([c.slot * fed + c.offset + rows.clamp(max=c.window.rows - 1) for c in chains]).to(self.device)
+        # each chain's target rows, the last repeated as padding (never committed)
+        index = to_device([[c.slot * fed + c.offset + min(j, c.window.rows - 1) for j in range(most)] for c in chains],
+                          self.device)
         chain_target = target.reshape(-1, vocab)[index]
         heads = [ChainHead(c.row.start, c.generator) for c in chains]
         shared = [None if slots[c.slot].draft.shared is None
