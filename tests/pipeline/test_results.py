@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from csd import Decoder
-from csd.drafters import EagleDrafter
+from csd.drafters import EagleDrafter, PJDDrafter
 from csd.records import load_records
 
 RESULTS = Path(__file__).resolve().parents[2] / "results"
@@ -88,3 +88,19 @@ def test_committed_results_exist():
     assert (STUDY / "study/study.md").exists() and (STUDY / "study/quality_vs_compression.png").exists()
     assert len(list(REGIMES.glob("T*/*/run.json"))) == 3 * 17
     assert (REGIMES / "report/regimes.md").exists() and (REGIMES / "report/regimes.png").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("run", ["2_sjd", "3_csd"])
+def test_committed_spatial_run_reproduces_at_batch_1(run):
+    """A PJD run of ``experiment=toy_spatial`` (batch 16): its first image at batch 1, token for token."""
+    run_json = RESULTS / "toy_spatial" / run / "run.json"
+    info = json.loads(run_json.read_text())
+    record = load_records(run_json.parent)[0]
+    params = dict(info["method_params"])
+    assert params.pop("drafter") == "pjd"
+    overrides = {f"{'drafter' if k in PJDDrafter.PARAMS else 'method'}.{k}": v for k, v in params.items()}
+    dec = Decoder(model="toy", method=info["method"], device="cpu", drafter="pjd", **overrides)
+    _, gen = dec.generate(record["prompt"], seed=record["seed"])
+    assert gen.tokens.tolist() == record["tokens"]
+    assert gen.nfe == record["nfe"]
