@@ -7,7 +7,7 @@ import sys
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from csd.cli import check_before_hydra, check_command_line, run_stages
+from csd.cli import check_command_line, run_stages
 
 
 def output_dir(stage: str, run_dir: str | None, sweep_dir: str | None, new_dir: str, read_log_dir: str) -> str:
@@ -34,6 +34,5 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    check_command_line(sys.argv[1:])  # typos get one line with the closest keys, not Hydra's "+key=..." hint
-    check_before_hydra(sys.argv[1:])  # a missing or mistyped run_dir / sweep_dir, before Hydra creates it
+    check_command_line(sys.argv[1:])  # every check of the run, in one line, before Hydra creates a directory
     main()

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from omegaconf.errors import OmegaConfBaseException
 
 from csd.adapters.base import MissingWeightsError
@@ -96,39 +96,52 @@ def check_dirs(stage: str, run_dir: str | None, sweep_dir: str | None, run_key: 
             )
 
 
-def check_before_hydra(argv: list[str]) -> None:
-    """:func:`check_dirs` on the command line's config before Hydra creates its output directory
-    (``.hydra/``, ``run.log``: in the run_dir or sweep_dir given), so a mistyped directory is named, not made.
+#: what run.py refuses in one line (exit 2) before Hydra creates a directory or a model loads
+INPUT_ERRORS = (ConfigError, RecordsError, LockHeldError, MissingWeightsError, FileNotFoundError)
 
-    Prints one line and exits with status 2. Hydra's flags (``-m``, ``--cfg``, ...) skip the check (the jobs
-    of a multirun have directories of their own), and so does a command line Hydra cannot compose (Hydra
-    reports it).
+
+def preflight(argv: Sequence[str]) -> None:
+    """Every check of a run on ``run.py``'s command line, before Hydra creates its output directory (``.hydra/``,
+    ``run.log``) and before any model loads: typos (:func:`csd.config.check_overrides`), a command line Hydra cannot
+    parse or compose (its error in one line), the directories (:func:`check_dirs`), the config values
+    (:func:`csd.config.validate`) and the inputs (:func:`check_inputs`). Raises one of :data:`INPUT_ERRORS`.
+
+    Hydra's flags (``-m``, ``--cfg``, ...) skip all but the typo check: a multirun's jobs are checked before the first
+    is launched (:mod:`csd.sweep`). The job checks again what it composes itself (it may be run without ``run.py``);
+    warnings are left to it, so each is logged once.
     """
     from hydra import compose, initialize_config_dir
 
+    check_overrides(argv)
     if any(arg.startswith("-") for arg in argv):
         return
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            cfg = compose("config", overrides=argv, return_hydra_config=True)
-        hydra_dir = OmegaConf.to_container(cfg.hydra.run, resolve=False)["dir"]
-        explicit = not str(hydra_dir).startswith("${csd_output_dir:")  # hydra.run.dir given: it is the run
-        run_dir = cfg.run_dir or (cfg.hydra.run.dir if explicit else None)
-    except (HydraException, OmegaConfBaseException):
-        return
+            cfg = compose("config", overrides=list(argv), return_hydra_config=True)
+    except (HydraException, OmegaConfBaseException) as err:
+        raise ConfigError(" ".join(str(err).split())) from None
+    hydra_dir = OmegaConf.to_container(cfg.hydra.run, resolve=False)["dir"]
+    explicit = not str(hydra_dir).startswith("${csd_output_dir:")  # hydra.run.dir given: it is the run
+    run_dir = cfg.run_dir or (cfg.hydra.run.dir if explicit else None)
+    check_dirs(cfg.stage, run_dir, cfg.sweep_dir, "hydra.run.dir" if explicit and not cfg.run_dir else "run_dir")
+    with read_write(cfg), open_dict(cfg):
+        del cfg["hydra"]
+        cfg.run_dir = run_dir
+    quiet = logging.getLogger("csd.config")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
     try:
-        run_key = "hydra.run.dir" if explicit and not cfg.run_dir else "run_dir"
-        check_dirs(cfg.stage, run_dir, cfg.sweep_dir, run_key)
-    except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
-        raise SystemExit(2) from None
+        validate(cfg)
+        check_inputs(cfg, argv)
+    finally:
+        quiet.setLevel(level)
 
 
-def check_command_line(args: Sequence[str]) -> None:
-    """:func:`csd.config.check_overrides` on ``run.py``'s arguments: a typo ends the run in one line (exit 2)."""
+def check_command_line(argv: Sequence[str]) -> None:
+    """:func:`preflight` for ``run.py``: a refused command line ends in one line (``error: ...``, exit 2)."""
     try:
-        check_overrides(args)
-    except ConfigError as err:
+        preflight(argv)
+    except INPUT_ERRORS as err:
         print(f"error: {err}", file=sys.stderr)
         raise SystemExit(2) from None
 
@@ -255,7 +268,7 @@ def run_stages(cfg: DictConfig) -> None:
             evaluate_run(run_dir, cfg)
         if cfg.stage == "report" or (cfg.stage == "all" and not in_multirun() and not sharded):
             report_stage(cfg, Path(cfg.sweep_dir) if cfg.stage == "report" and cfg.sweep_dir else run_dir)
-    except (ConfigError, RecordsError, LockHeldError, MissingWeightsError, FileNotFoundError) as err:
+    except INPUT_ERRORS as err:
         print(f"error: {err}", file=sys.stderr)
         raise SystemExit(2) from None
     except KeyboardInterrupt as err:  # one line, not a traceback; 130 = 128 + SIGINT

@@ -1,0 +1,109 @@
+"""What a new user types into ``run.py``: every bad or edge input is refused in one line that names the value and what
+is allowed, with exit status 2, before any model loads and before any directory is created.
+
+:data:`CASES` is the audit's table: one row per input, grouped by kind; the next audit adds rows here. The default
+suite runs every row in this process through :func:`csd.cli.preflight` (what ``run.py`` runs before Hydra creates a
+directory). ``pytest -m audit`` runs every row as a user does, ``python run.py ...`` in a subprocess in an empty
+directory, and checks the whole contract: exit status 2, stderr exactly one ``error: ...`` line, no traceback, no file
+created, within :data:`AUDIT_SECONDS` (a timeout, not a timing) and under :data:`AUDIT_MEMORY` of address space (a guard that fails shows as a
+killed process, not as a machine out of memory).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import resource
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from csd.cli import INPUT_ERRORS, preflight
+
+ROOT = Path(__file__).resolve().parents[2]
+#: the audit's limits per input: wall seconds, bytes of address space (torch's CPU import maps about 3 GB)
+AUDIT_SECONDS = 60
+AUDIT_MEMORY = 8 * 2**30
+
+
+@dataclass(frozen=True)
+class Case:
+    """One input. ``args``: the command line (``{dir}`` stands for the case's own empty directory, the working
+    directory of the run); ``says``: a regular expression the one error line matches (``re.search``); ``setup``:
+    writes the files the input needs (a corrupt run, a text file given as weights) into that directory first."""
+
+    args: tuple[str, ...]
+    says: str
+    setup: Callable[[Path], None] | None = None
+
+    @property
+    def id(self) -> str:
+        return " ".join(self.args).replace("{dir}", "DIR")[:90]
+
+
+def case(*args: str, says: str, setup: Callable[[Path], None] | None = None) -> Case:
+    return Case(args, says, setup)
+
+
+CASES: list[Case] = [
+    # --- typos and unknown names ---
+    case("methd=csd", says="methd"),
+    case("method=nope", says="nope"),
+    case("method.lamda=0.3", says="method.lamda"),
+    # --- Hydra's grammar: one line, not its multi-line report ---
+    case("method.lam", says="method.lam"),
+    case("hydra.foo=1", says="hydra.foo"),
+    # --- types and ranges ---
+    case("method.lam=abc", says="method.lam='abc' must be a finite number >= 0"),
+    case("seed=abc", says="seed='abc' must be an integer >= 0"),
+    case("threads=0", says="threads=0 must be an integer >= 1"),
+    # --- directories ---
+    case("stage=evaluate", says="stage=evaluate needs run_dir=<dir>"),
+    case("stage=evaluate", "run_dir={dir}/nope", says="does not exist"),
+]
+
+
+def materialise(c: Case, where: Path) -> list[str]:
+    """The case's command line in ``where`` (its setup run there first)."""
+    if c.setup is not None:
+        c.setup(where)
+    return [arg.replace("{dir}", str(where)) for arg in c.args]
+
+
+def listing(where: Path) -> set[Path]:
+    return set(where.rglob("*"))
+
+
+@pytest.mark.parametrize("c", CASES, ids=lambda c: c.id)
+def test_refused_in_one_line_before_anything_is_created(c: Case, tmp_path: Path, monkeypatch) -> None:
+    args = materialise(c, tmp_path)
+    before = listing(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(INPUT_ERRORS, match=c.says) as err:
+        preflight(args)
+    assert "\n" not in str(err.value).strip()
+    assert listing(tmp_path) == before
+
+
+def cap_memory() -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (AUDIT_MEMORY, AUDIT_MEMORY))
+
+
+@pytest.mark.audit
+@pytest.mark.parametrize("c", CASES, ids=lambda c: c.id)
+def test_audit_run_py(c: Case, tmp_path: Path) -> None:
+    args = materialise(c, tmp_path)
+    before = listing(tmp_path)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, str(ROOT / "run.py"), *args], cwd=tmp_path, env=env, capture_output=True,
+                         text=True, timeout=AUDIT_SECONDS, preexec_fn=cap_memory)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2, (out.returncode, out.stderr[-2000:])
+    assert len(lines) == 1 and lines[0].startswith("error: "), out.stderr[-2000:]
+    assert "Traceback" not in out.stderr
+    assert re.search(c.says, lines[0]), lines[0]
+    assert listing(tmp_path) == before, sorted(map(str, listing(tmp_path) - before))
