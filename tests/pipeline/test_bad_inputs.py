@@ -64,6 +64,19 @@ CASES: list[Case] = [
     # --- directories ---
     case("stage=evaluate", says="stage=evaluate needs run_dir=<dir>"),
     case("stage=evaluate", "run_dir={dir}/nope", says="does not exist"),
+
+    # --- resource guards: sizes that scale memory or time ---
+
+    # --- silent inputs: accepted before, refused now ---
+
+    # --- tracebacks before: run files, weights, data paths ---
+
+    # --- Hydra's and other verbose errors ---
+
+    # --- the toy's vocabulary and prompts ---
+
+    # --- multiruns ---
+
 ]
 
 
