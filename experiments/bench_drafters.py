@@ -79,6 +79,11 @@ def main() -> None:
     for r in range(args.rounds):
         for batch in (int(b) for b in args.batch_sizes.split(",")):
             for spec in args.specs:
+                name, keys = parse_spec(spec)
+                problem = DRAFTERS[name](**keys).problem(batch, False)
+                if problem is not None:  # e.g. a tree drafter at B > 1: nothing to measure
+                    print(f"| {args.label} | {spec} | {batch} | {r} | {problem} | | |", flush=True)
+                    continue
                 row = measure(adapter, spec, batch, args.images, captions)
                 ms = 1000 * row["seconds"] / row["iterations"]
                 print(f"| {args.label} | {spec} | {batch} | {r} | {ms:.2f} | {args.images / row['seconds']:.3f} | "
