@@ -111,6 +111,7 @@ def preflight(argv: Sequence[str]) -> None:
     warnings are left to it, so each is logged once.
     """
     from hydra import compose, initialize_config_dir
+    from hydra.core.hydra_config import HydraConfig
 
     check_overrides(argv)
     if any(arg.startswith("-") for arg in argv):
@@ -124,6 +125,9 @@ def preflight(argv: Sequence[str]) -> None:
     explicit = not str(hydra_dir).startswith("${csd_output_dir:")  # hydra.run.dir given: it is the run
     run_dir = cfg.run_dir or (cfg.hydra.run.dir if explicit else None)
     check_dirs(cfg.stage, run_dir, cfg.sweep_dir, "hydra.run.dir" if explicit and not cfg.run_dir else "run_dir")
+    hydra_config = HydraConfig.instance()
+    previous = hydra_config.cfg
+    hydra_config.set_config(cfg)  # csd.config.config_dirs: the config directories hydra.searchpath adds
     with read_write(cfg), open_dict(cfg):
         del cfg["hydra"]
         cfg.run_dir = run_dir
@@ -135,6 +139,7 @@ def preflight(argv: Sequence[str]) -> None:
         check_inputs(cfg, argv)
     finally:
         quiet.setLevel(level)
+        hydra_config.cfg = previous
 
 
 def check_command_line(argv: Sequence[str]) -> None:
