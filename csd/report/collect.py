@@ -18,7 +18,7 @@ from csd.evaluation import METRICS_FILE, PER_IMAGE_FILE
 from csd.evaluation.freshness import STALE, UNVERIFIED, metrics_state, refresh_hint
 from csd.evaluation.intervals import Comparison, paired_difference, paired_speedup
 from csd.evaluation.speed import speedup
-from csd.report.labels import default_drafter, drafter_of, label_params, method_defaults
+from csd.report.labels import CHAIN, default_drafter, drafter_of, label_params, method_defaults
 
 log = logging.getLogger(__name__)
 AR_METHOD = "ar"
@@ -80,8 +80,8 @@ def run_labels(runs: Sequence[dict[str, Any]]) -> list[str]:
     current key names (:func:`csd.report.labels.label_params`).
 
     The drafter is named where a method's runs use several, or one that is not the method's own
-    (:func:`csd.report.labels.default_drafter`): ``sjd chain`` / ``sjd pac_tree`` in a drafter sweep, ``sjd_pac``
-    alone. The keys are :func:`label_keys` of the runs of that method on that drafter, against their defaults.
+    (:func:`csd.report.labels.default_drafter`; the chain for a method without a config file): ``sjd chain`` /
+    ``sjd pac_tree`` in a drafter sweep, ``sjd_pac`` alone. The keys are :func:`label_keys` of the runs of that method on that drafter, against their defaults.
     """
     methods = [run["method"] for run in runs]
     params = [run_params(run) for run in runs]
@@ -92,8 +92,7 @@ def run_labels(runs: Sequence[dict[str, Any]]) -> list[str]:
         groups.setdefault(key, []).append(i)
     labels = [""] * len(runs)
     for (method, drafter), members in groups.items():
-        own = default_drafter(method)
-        named = (own is not None and drafter != own) or sum(m == method for m, _ in groups) > 1
+        named = drafter != (default_drafter(method) or CHAIN) or sum(m == method for m, _ in groups) > 1
         keys = label_keys([shown[i] for i in members], method_defaults(method, drafter))
         for i in members:
             labels[i] = method_label(f"{method} {drafter}" if named else method, shown[i], keys)

@@ -87,6 +87,9 @@ def test_labels_of_a_drafter_sweep_name_the_drafter_under_current_names() -> Non
     assert results_frame(widths)["label"].tolist() == ["sjd pac_tree width=2", "sjd pac_tree width=4", "sjd chain"]
     only_tree = results_frame([fake_result("sjd", **{**tree, "tree_depth": 2}), fake_result("sjd_pac", **tree)])
     assert only_tree["label"].tolist() == ["sjd pac_tree depth=2", "sjd_pac"]  # not the method's own drafter: named
+    # a rule and a drafter of one's own (no conf/ files here): the drafter named, the rule's own keys
+    own = fake_result("floor", drafter="echo", window=4, floor=0.5)
+    assert results_frame([own])["label"].tolist() == ["floor echo floor=0.5"]
 
 
 def test_run_dirs_in_natural_order(tmp_path: Path) -> None:
