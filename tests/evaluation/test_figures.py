@@ -30,6 +30,8 @@ from csd.toy.domain import heldout_prompts
 from tests.evaluation.test_eval_fixtures import eval_cfg, make_run
 from tests.evaluation.test_report import fake_result
 
+pytestmark = pytest.mark.slow  # an evaluated sweep and its report (about 16 s), figures of thirteen long labels (5 s)
+
 #: ``method_params`` as chain and pac_tree runs record them (pac_tree: the tree keys under their recorded names)
 DRAFTER_PARAMS = {
     "chain": {"window": 16, "init": "random", "coupling": "none", "draft_record": "onehot"},
