@@ -13,17 +13,17 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from csd.config import current_method_params
+from csd.config import MOVED_TO_DRAFTER, current_method_params
 from csd.evaluation import METRICS_FILE, PER_IMAGE_FILE
 from csd.evaluation.freshness import STALE, UNVERIFIED, metrics_state, refresh_hint
 from csd.evaluation.intervals import Comparison, paired_difference, paired_speedup
 from csd.evaluation.speed import speedup
-from csd.report.labels import method_defaults
+from csd.report.labels import CHAIN, default_drafter, drafter_of, label_params, method_defaults
 
 log = logging.getLogger(__name__)
 AR_METHOD = "ar"
-#: engine-wide keys every method records; labelled only when they tell runs of one method apart
-ENGINE_KEYS = ("window", "init", "coupling", "draft_record")
+#: the drafters' keys (current names) a run records; labelled only when they tell runs of one method apart
+ENGINE_KEYS = tuple(MOVED_TO_DRAFTER.values())
 #: quality metrics compared with the AR run image by image: columns ``d_<metric>`` (method - AR), ``_lo``, ``_hi``
 PAIRED = ("clip_score", "scene_acc_overall", "geneval_overall")
 #: prompt resamples of the paired intervals when the caller gives none (``eval.bootstrap``'s default)
@@ -50,18 +50,18 @@ def _fmt(value: Any) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def method_label(method: str, params: dict[str, Any], keys: Sequence[str]) -> str:
-    """``method k=v ...`` for the hyper-parameters ``keys`` (in the run's order), e.g. ``csd lam=0.1 delta=0.5``."""
-    return " ".join([method, *(f"{k}={_fmt(params[k])}" for k in params if k in keys)])
+def method_label(name: str, params: dict[str, Any], keys: Sequence[str]) -> str:
+    """``name k=v ...`` for the hyper-parameters ``keys`` (in the run's order), e.g. ``csd lam=0.1 delta=0.5``."""
+    return " ".join([name, *(f"{k}={_fmt(params[k])}" for k in params if k in keys)])
 
 
 def label_keys(params_of_runs: Sequence[dict[str, Any]], defaults: dict[str, Any] | None = None) -> list[str]:
-    """The hyper-parameters that name the runs of one method in a report.
+    """The hyper-parameters that name the runs of one method on one drafter in a report.
 
-    The keys whose values differ between its runs, and those where a run differs from the method's ``defaults``
-    (:func:`csd.report.labels.method_defaults`); values equal to the defaults in every run would repeat on every
-    point. Without ``defaults`` (a method with no config file), one run is named by its method's own keys (not the
-    engine-wide ``window``/``init``/``coupling``/``draft_record``).
+    The keys whose values differ between its runs, and those where a run differs from the ``defaults`` of the
+    method on that drafter (:func:`csd.report.labels.method_defaults`); values equal to the defaults in every run
+    would repeat on every point. Without ``defaults`` (a method with no config file), one run is named by its
+    method's own keys (not the drafter's :data:`ENGINE_KEYS`).
     """
     scalar = [{k: v for k, v in p.items() if k not in ("name", "_target_") and not isinstance(v, (dict, list))}
               for p in params_of_runs]
@@ -73,6 +73,30 @@ def label_keys(params_of_runs: Sequence[dict[str, Any]], defaults: dict[str, Any
     if len(scalar) == 1:
         return [k for k in keys if k not in ENGINE_KEYS]
     return varying
+
+
+def run_labels(runs: Sequence[dict[str, Any]]) -> list[str]:
+    """The report's name of each run (``run.json`` contents): ``method [drafter] k=v ...``, short and under the
+    current key names (:func:`csd.report.labels.label_params`).
+
+    The drafter is named where a method's runs use several, or one that is not the method's own
+    (:func:`csd.report.labels.default_drafter`; the chain for a method without a config file): ``sjd chain`` /
+    ``sjd pac_tree`` in a drafter sweep, ``sjd_pac`` alone. The keys are :func:`label_keys` of the runs of that method on that drafter, against their defaults.
+    """
+    methods = [run["method"] for run in runs]
+    params = [run_params(run) for run in runs]
+    drafters = [drafter_of(p) for p in params]
+    shown = [label_params(p) for p in params]
+    groups: dict[tuple[str, str], list[int]] = {}
+    for i, key in enumerate(zip(methods, drafters, strict=True)):
+        groups.setdefault(key, []).append(i)
+    labels = [""] * len(runs)
+    for (method, drafter), members in groups.items():
+        named = drafter != (default_drafter(method) or CHAIN) or sum(m == method for m, _ in groups) > 1
+        keys = label_keys([shown[i] for i in members], method_defaults(method, drafter))
+        for i in members:
+            labels[i] = method_label(f"{method} {drafter}" if named else method, shown[i], keys)
+    return labels
 
 
 def run_params(run: dict[str, Any]) -> dict[str, Any]:
@@ -142,7 +166,7 @@ def vs_reference(run: dict[str, Any], reference: dict[str, Any], n_boot: int) ->
 
 
 def results_frame(results: Sequence[dict[str, Any]], n_boot: int = DEFAULT_RESAMPLES) -> pd.DataFrame:
-    """One row per run: identity, label (:func:`label_keys`), ``lam``, ``delta``, image and prompt counts (``n_prompts``:
+    """One row per run: identity, label (:func:`run_labels`), ``lam``, ``delta``, image and prompt counts (``n_prompts``:
     the clusters of its intervals, ``n_prompts_paired``: those shared with the AR run), metrics with ``_lo`` / ``_hi``
     interval columns, speed-up vs the AR run of the same model and dataset and, where both runs have
     ``per_image.jsonl``, paired differences ``d_<metric>`` (:data:`PAIRED`), all with ``n_boot`` prompt resamples.
@@ -150,15 +174,13 @@ def results_frame(results: Sequence[dict[str, Any]], n_boot: int = DEFAULT_RESAM
     Speed-up = mean AR latency / mean run latency over the images timed in both runs (paired); without per-image
     rows, over each run's own timed images.
     """
-    params_of = {m: [run_params(r["run"]) for r in results if r["run"]["method"] == m]
-                 for m in {r["run"]["method"] for r in results}}
-    keys = {m: label_keys(p, method_defaults(m)) for m, p in params_of.items()}
+    labels = run_labels([res["run"] for res in results])
     rows = []
-    for res in results:
+    for res, label in zip(results, labels, strict=True):
         run, params = res["run"], run_params(res["run"])
         rows.append({
             "run_dir": res["run_dir"], "model": run["model"], "dataset": run["dataset"], "method": run["method"],
-            "label": method_label(run["method"], params, keys[run["method"]]), "lam": params.get("lam"),
+            "label": label, "lam": params.get("lam"),
             "delta": params.get("delta"), "n_images": run.get("n_records"),
             "n_prompts": len({r["prompt_id"] for r in res.get("per_image") or []}) or None,  # the intervals' clusters
             "protocol": (res.get("protocol") or {}).get("name"), **res["metrics"],  # None without FID / CLIP

@@ -2,21 +2,25 @@
 
 from __future__ import annotations
 
-import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.lines import Line2D
 
+from csd.report.layout import legend_below, wrap
 from csd.report.pareto import run_styles
 
 MAP_TITLES = {"accepted": "draft accepted", "relaxed": "relaxed accept", "commit_iter": "commit iteration\n(normalised)"}
+#: what a map's colour measures, under its colour bar (csd.evaluation.content.acceptance_maps)
+MAP_UNITS = {"accepted": "share of images", "relaxed": "share of images", "commit_iter": "0 = first, 1 = last"}
 #: what an all-zero map means, written in its panel instead (AR accepts no draft, lossless methods relax none)
 EMPTY_TEXT = {"accepted": "no draft accepted", "relaxed": "no relaxed accept", "commit_iter": "no commit order"}
 #: characters per line of a run's label left of its row
 LABEL_WIDTH = 24
+REGIONS = ("object", "smooth", "textured")
 
 
 def carries_information(values: Any) -> bool:
@@ -27,7 +31,8 @@ def carries_information(values: Any) -> bool:
 
 def heatmap_figure(runs: Sequence[tuple[str, dict[str, Any]]]) -> plt.Figure:
     """Rows = runs ``(label, acceptance_maps)`` with the label at their left, columns = accepted / relaxed /
-    commit-iteration means, one colour bar per column (relaxed: 0 to the largest share, often a few percent).
+    commit-iteration means over the token grid (axes: token column and row), one colour bar per column with its
+    unit (relaxed: 0 to the largest share, often a few percent).
 
     A map that is all zero says so in its panel (e.g. ``no relaxed accept`` of a lossless method); a column no
     run fills is left out.
@@ -47,7 +52,7 @@ def heatmap_figure(runs: Sequence[tuple[str, dict[str, Any]]]) -> plt.Figure:
             if i == 0:
                 ax.set_title(MAP_TITLES[key], fontsize=9)
             if j == 0:
-                ax.set_ylabel(textwrap.fill(label, LABEL_WIDTH), rotation=0, ha="right", va="center", fontsize=8)
+                ax.set_ylabel(wrap(label, LABEL_WIDTH), rotation=0, ha="right", va="center", fontsize=8)
             if carries_information(maps[key]):
                 image = ax.imshow(np.asarray(maps[key], float), vmin=0, vmax=vmax, cmap="viridis")
             else:
@@ -56,41 +61,56 @@ def heatmap_figure(runs: Sequence[tuple[str, dict[str, Any]]]) -> plt.Figure:
                 ax.set_facecolor("0.95")
                 ax.set_box_aspect(np.shape(maps[key])[0] / np.shape(maps[key])[1])  # as large as an image panel
         if image is not None:
-            fig.colorbar(image, ax=axes[:, j], location="bottom", shrink=0.8, aspect=15, pad=0.02)
+            bar = fig.colorbar(image, ax=axes[:, j], location="bottom", shrink=0.8, aspect=15, pad=0.02)
+            bar.set_label(MAP_UNITS[key], fontsize=8)
+    fig.supxlabel("token column (left to right)", fontsize=9)
+    fig.supylabel("token row (top to bottom)", fontsize=9)
     return fig
 
 
 def entropy_figure(runs: Sequence[tuple[str, dict[str, Any]]]) -> plt.Figure:
     """Share of positions committed from an accepted draft (solid) / a relaxed one (dashed) per entropy bin, one
-    colour and marker per run (:func:`csd.report.pareto.run_styles`), the legend beside the plot."""
-    fig, ax = plt.subplots(figsize=(7.5, 4), layout="constrained")
+    colour and marker per run (:func:`csd.report.pareto.run_styles`), the legend under the plot."""
+    fig, ax = plt.subplots(figsize=(7, 4), layout="constrained")
+    handles = []
+    dashed = False
     for (label, curve), (colour, marker) in zip(runs, run_styles(len(runs)), strict=True):
         edges = np.asarray(curve["edges"])
         centres = (edges[:-1] + edges[1:]) / 2
-        ax.plot(centres, np.asarray(curve["accepted"], float), "-", marker=marker, ms=3, c=colour, label=label)
+        handles += ax.plot(centres, np.asarray(curve["accepted"], float), "-", marker=marker, ms=3, c=colour,
+                           label=wrap(label))
         relaxed = np.asarray(curve["relaxed"], float)
         if np.nansum(relaxed) > 0:
             ax.plot(centres, relaxed, "--", c=colour)
+            dashed = True
+    if dashed:
+        handles.append(Line2D([], [], ls="--", c="0.3", label="dashed: relaxed accepts"))
     ax.set_xlabel("target entropy H(q) (nats)")
-    ax.set_ylabel("share of positions accepted (-- relaxed)")
+    ax.set_ylabel("share of positions accepted")
     ax.grid(alpha=0.3)
-    fig.legend(loc="outside right upper", fontsize=7)
+    legend_below(fig, handles)
     return fig
 
 
 def regions_figure(runs: Sequence[tuple[str, dict[str, Any]]]) -> plt.Figure:
-    """Toy: relaxed-acceptance share of positions in object / smooth / textured regions, bars per run."""
-    regions = ("object", "smooth", "textured")
-    fig, ax = plt.subplots(figsize=(max(5, 1.2 * len(runs) + 2), 4))
-    width = 0.8 / len(regions)
-    x = np.arange(len(runs))
-    for k, reg in enumerate(regions):
-        vals = [r[reg]["relaxed_rate"] for _, r in runs]
-        ax.bar(x + (k - 1) * width, vals, width, label=reg)
-    ax.set_xticks(x, [label for label, _ in runs], rotation=30, ha="right", fontsize=7)
-    ax.set_ylabel("relaxed accepts / positions")
-    ax.legend()
-    fig.tight_layout()
+    """Toy: relaxed-acceptance share of positions in object / smooth / textured regions, one group of horizontal
+    bars per run (its label beside it, read level), regions in the legend under the plot; a run with none says so."""
+    fig, ax = plt.subplots(figsize=(7, max(3.0, 0.8 + 0.75 * len(runs))), layout="constrained")
+    height = 0.8 / len(REGIONS)
+    y = np.arange(len(runs))
+    rates = np.array([[r[reg]["relaxed_rate"] for reg in REGIONS] for _, r in runs], dtype=float)
+    for k, reg in enumerate(REGIONS):
+        ax.barh(y + (k - 1) * height, rates[:, k], height, label=reg)
+    top = np.nanmax(rates) if np.isfinite(rates).any() and np.nanmax(rates) > 0 else 1.0
+    ax.set_xlim(0, 1.15 * top)
+    for i in np.flatnonzero(~(np.nan_to_num(rates) > 0).any(axis=1)):
+        ax.text(0.01 * top, y[i], "no relaxed accept", va="center", fontsize=7, color="0.4")
+    ax.set_yticks(y, [wrap(label, LABEL_WIDTH) for label, _ in runs], fontsize=8)
+    ax.invert_yaxis()  # the first run on top, as in the tables
+    ax.set_xlabel("relaxed accepts / positions in the region")
+    ax.set_ylabel("run")
+    ax.grid(axis="x", alpha=0.3)
+    legend_below(fig, ax.get_legend_handles_labels()[0])
     return fig
 
 

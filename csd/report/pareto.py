@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.lines import Line2D
 
+from csd.report.layout import legend_below, wrap
 from csd.report.table import paper_order
 
 #: metrics where lower is better; every other axis is maximised
@@ -23,7 +24,7 @@ OUTLIER_GAP = 3.0
 MARKERS = "os^DvP*Xph"
 #: (colour, marker) of one run's points
 Style = tuple[tuple[float, ...], str]
-#: shown on a speed-up panel when the report has no AR run to measure speed-ups against
+#: under the title of a Pareto figure with no AR run to measure speed-ups against (its speed-up panels left out)
 NO_AR_HINT = "no AR run, so no speed-up:\nadd one with eval.report.extra_runs=[<ar run dir>]"
 
 
@@ -103,10 +104,8 @@ def pareto_axes(ax: plt.Axes, df: pd.DataFrame, x: str, y: str, styles: Sequence
     ax.set_xlabel(AXIS_NAMES.get(x, x))
     ax.set_ylabel(AXIS_NAMES.get(y, y))
     mask = (df[x].notna() & df[y].notna()).to_numpy()
-    if not mask.any():
-        no_ar = "speedup" in (x, y) and df["speedup"].isna().all()
-        ax.text(0.5, 0.5, NO_AR_HINT if no_ar else "not measured", ha="center", va="center", fontsize=8,
-                transform=ax.transAxes, wrap=True)
+    if not mask.any():  # another run has this speed measure, another this quality: none has both
+        ax.text(0.5, 0.5, "no run has both", ha="center", va="center", fontsize=8, transform=ax.transAxes)
         ax.set_xticks([])
         ax.set_yticks([])
         return False
@@ -162,30 +161,43 @@ def _write_clipped(ax: plt.Axes, value: tuple[float, float], at: tuple[float, fl
                 annotation_clip=False)
 
 
+def has_points(df: pd.DataFrame, x: str, y: str) -> bool:
+    """Whether a run of ``df`` has both ``x`` and ``y``: a panel of them would show a point."""
+    return x in df and y in df and bool((df[x].notna() & df[y].notna()).any())
+
+
 def pareto_figure(df: pd.DataFrame, xs: Sequence[str], ys: Sequence[str], title: str) -> plt.Figure:
-    """A ``len(ys) x len(xs)`` grid of Pareto panels for one model (quality metrics ``ys`` the runs did not measure
-    are left out), the legend below them: one entry per run (paper order)."""
+    """A grid of Pareto panels for one model, quality metrics ``ys`` (rows) against speed measures ``xs`` (columns),
+    the legend below them: one entry per run (paper order).
+
+    Only rows and columns with points are drawn: without an AR run there is no speed-up, and the title says how
+    to add one instead of a column of empty panels; a quality no run measured has no row.
+    """
     df = paper_order(df)
-    ys = [y for y in ys if y in df and df[y].notna().any()] or list(ys[:1])
+    drawn_x = [x for x in xs if any(has_points(df, x, y) for y in ys)]
+    drawn_y = [y for y in ys if any(has_points(df, x, y) for x in drawn_x)]
+    notes = [NO_AR_HINT] if "speedup" in xs and "speedup" not in drawn_x else []
+    if not drawn_y:
+        notes.append(f"no run has both a speed measure ({', '.join(xs)}) and a quality ({', '.join(ys)})")
     styles = run_styles(len(df))
-    handles = [Line2D([], [], ls="", color=c, marker=m, label=label) for (c, m), label in zip(styles, df["label"], strict=True)]
+    handles = [Line2D([], [], ls="", color=c, marker=m, label=wrap(label))
+               for (c, m), label in zip(styles, df["label"], strict=True)]
     handles.append(Line2D([], [], c="0.3", lw=1, marker="o", mfc="w", mec="k", label="Pareto front (black edge)"))
-    ncols = min(len(handles), 3 if len(xs) > 1 else 2)
-    legend_rows = -(-(len(handles) + 1) // ncols)
-    fig, axes = plt.subplots(len(ys), len(xs), figsize=(4.6 * len(xs), 3.4 * len(ys) + 0.6 + 0.2 * legend_rows),
+    rows, cols = max(len(drawn_y), 1), max(len(drawn_x), 1)
+    heading = "\n".join([title, *notes])
+    fig, axes = plt.subplots(rows, cols, figsize=(max(4.6 * cols, 5.5), 3.4 * rows + 0.2 + 0.2 * heading.count("\n")),
                              squeeze=False, layout="constrained")
     clipped = False
-    for i, y in enumerate(ys):
-        for j, x in enumerate(xs):
-            if x in df and y in df:
-                clipped |= pareto_axes(axes[i][j], df, x, y, styles)
-            else:
-                axes[i][j].set_axis_off()
+    for i, y in enumerate(drawn_y):
+        for j, x in enumerate(drawn_x):
+            clipped |= pareto_axes(axes[i][j], df, x, y, styles)
+    if not drawn_y:
+        axes[0][0].set_axis_off()
     if clipped:
         handles.append(Line2D([], [], ls="", marker="$↑$", color="0.3",
-                              label="off the axis range: drawn at the edge, value written"))
-    fig.legend(handles=handles, loc="outside lower center", fontsize=7, ncols=ncols)
-    fig.suptitle(title)
+                              label=wrap("off the axis range: drawn at the edge, value written")))
+    fig.suptitle(heading, fontsize=10)
+    legend_below(fig, handles, max_cols=3 if cols > 1 else 2)
     return fig
 
 

@@ -161,13 +161,19 @@ def markdown(regimes: Sequence[Mapping[str, Any]]) -> str:
 
 def figure(regimes: Sequence[Mapping[str, Any]], out: Path, metric: str = LOSS_METRICS[0]) -> None:
     """regimes.png: per regime (columns) the loss vs AR against the target gain per rule (top; SJD at gain 1) and
-    the relaxed rate per region of every calibrated run (bottom)."""
+    the relaxed rate per region of every calibrated run (bottom); one colour per rule in every column, the rules'
+    legend above the panels and the regions' below them (:func:`csd.report.layout.legend_below`), not on the data."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, len(regimes), figsize=(5 * len(regimes), 8), squeeze=False)
+    from csd.report.layout import legend_below
+
+    rules = list(dict.fromkeys(rule for r in regimes for rule in r["loss"]))
+    colours = {rule: plt.get_cmap("tab10")(i % 10) for i, rule in enumerate(rules)}
+    fig, axes = plt.subplots(2, len(regimes), figsize=(5 * len(regimes), 8), squeeze=False, layout="constrained")
+    handles = {}
     for col, r in enumerate(regimes):
         top, bottom = axes[0][col], axes[1][col]
         sjd = r["sjd_loss"][metric]
@@ -176,7 +182,8 @@ def figure(regimes: Sequence[Mapping[str, Any]], out: Path, metric: str = LOSS_M
             ys = [c["value"] for _, c in got]
             err = np.array([[max(c["value"] - c["interval"][0], 0), max(c["interval"][1] - c["value"], 0)]
                             if c["interval"] else [0.0, 0.0] for _, c in got]).T
-            top.errorbar([g for g, _ in got], ys, yerr=err, fmt="-o", capsize=3, label=rule)
+            handles[rule] = top.errorbar([g for g, _ in got], ys, yerr=err, fmt="-o", capsize=3, label=rule,
+                                         color=colours[rule])
         top.axhline(0, color="black", lw=0.5)
         top.set_title(f"{regime_label(r)} (mean H / log V {r['entropy_over_log_v']:.3f})", fontsize=9)
         top.set_xlabel("step compression / SJD's")
@@ -188,9 +195,10 @@ def figure(regimes: Sequence[Mapping[str, Any]], out: Path, metric: str = LOSS_M
             bottom.bar(x + j * width, [rates[reg] for _, rates in runs], width, label=reg)
         bottom.set_xticks(x + width, [label for label, _ in runs], rotation=60, ha="right", fontsize=6)
         bottom.set_ylabel("relaxed acceptances / positions")
-    axes[0][0].legend(fontsize=7)
-    axes[1][0].legend(fontsize=7)
-    fig.tight_layout()
+    rule_legend = fig.legend(handles=[handles[rule] for rule in rules if rule in handles], loc="outside upper center",
+                             ncols=min(len(handles), 8) or 1, fontsize=7)
+    fig.set_figheight(fig.get_figheight() + rule_legend.get_window_extent(fig.canvas.get_renderer()).height / fig.dpi)
+    legend_below(fig, axes[1][0].get_legend_handles_labels()[0], max_cols=len(REGIONS))
     fig.savefig(out / "regimes.png", dpi=120)
     plt.close(fig)
 

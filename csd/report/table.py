@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 
 from csd.config import CONF_DIR
 from csd.report.collect import method_label
-from csd.report.labels import method_defaults
+from csd.report.labels import CHAIN, default_drafter, method_defaults
 
 log = logging.getLogger(__name__)
 #: characters per line of the console table's notes
@@ -111,19 +111,21 @@ def _flag_notes(cells: dict[str, list]) -> list[str]:
 
 
 def defaults_note(methods: Sequence[str]) -> str | None:
-    """The labels' rule and each method's defaults beyond the default drafter's (``conf/drafter/chain.yaml``)
-    (``csd lam=0.1 delta=0.5 ...``); None when no method has a config file."""
-    engine = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "drafter" / "chain.yaml"))
+    """The labels' rule and each method's defaults beyond its drafter's (``conf/drafter/<drafter>.yaml``, the drafter
+    named unless it is the chain): ``csd lam=0.1 delta=0.5 ...``, ``sjd_pac pac_tree``; None when no method has a
+    config file."""
     parts = []
     for method in dict.fromkeys(methods):
-        defaults = method_defaults(method)
+        defaults, drafter = method_defaults(method), default_drafter(method)
         if defaults is not None:
+            engine = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "drafter" / f"{drafter}.yaml"))
             own = [k for k, v in defaults.items() if k not in engine or engine[k] != v]
-            parts.append(method_label(method, defaults, own))
+            parts.append(method_label(method if drafter == CHAIN else f"{method} {drafter}", defaults, own))
     if not parts:
         return None
-    return ("Labels name only the hyper-parameters that differ from the method's defaults or between its runs; "
-            "the defaults (`conf/method/<method>.yaml`, beyond `conf/drafter/chain.yaml`): " + "; ".join(parts) + ".")
+    return ("Labels name a method's drafter where its runs use several or not its own, and only the hyper-parameters "
+            "that differ from the defaults or between its runs; the defaults (`conf/method/<method>.yaml`, beyond its "
+            "drafter's `conf/drafter/<drafter>.yaml`, the chain unless named): " + "; ".join(parts) + ".")
 
 
 def markdown_table(df: pd.DataFrame) -> tuple[str, list[str]]:

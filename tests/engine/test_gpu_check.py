@@ -23,8 +23,10 @@ def test_smoke_run_measures_every_part(tmp_path):
     assert set(parts["throughput"]["batches"]) == {1, 4, 16}
     assert parts["memory"]["plan_gb"] > parts["memory"]["plan_weights_gb"] > 0
     assert [t["measured"] is not None for t in saved["targets"]] == [True] * len(gpu_check.TARGETS)
+    assert [t["passed"] for t in saved["targets"]] == [None] * len(gpu_check.TARGETS)  # smoke: not judged
     table = (tmp_path / "gpu_check_janus_pro_tiny_cpu.md").read_text()
     assert "| AR step (7B), compiled, q = 1 |" in table and "<= 4.0 ms" in table and ">= 4.0 x" in table
+    assert table.count(f"| {gpu_check.NOT_JUDGED} |") == len(gpu_check.TARGETS)
 
 
 def test_a_failing_part_is_recorded_and_the_check_goes_on(tmp_path, monkeypatch):
@@ -53,3 +55,24 @@ def test_parts_past_the_time_budget_are_skipped_and_say_so(tmp_path, monkeypatch
     assert parts["model"]["ok"]
     for name in ("floor", "overhead"):
         assert not parts[name]["ok"] and parts[name]["error"].startswith("skipped: "), parts[name]
+
+
+def targets_table(smoke: bool) -> str:
+    """The summary of a check whose every target was measured and missed, as a smoke run or a full one."""
+    results = {"steps": {"result": {"compiled": {"q1": {"median_ms": 9.0}}, "compiled_verify_over_step": 2.0}},
+               "overhead": {"result": {"csd_overhead_ms": 1.0}}, "throughput": {"result": {"largest_over_first": 1.0}}}
+    meta = {"model": "janus_pro_tiny", "dtype": "float32", "device_name": "cpu", "smoke": smoke, "torch": "x",
+            "window": 32, "backend": "aot_eager", "wall_s": 1.0}
+    res = {"meta": meta, "targets": [t.judge(results, judged=not smoke) for t in gpu_check.TARGETS], "parts": {}}
+    assert [t["passed"] for t in res["targets"]] == ([None] * 4 if smoke else [False] * 4)
+    return gpu_check.markdown(res)
+
+
+def test_a_smoke_run_judges_no_target_and_its_table_says_so() -> None:
+    smoke = targets_table(smoke=True)
+    assert "targets not judged" in smoke
+    rows = [line for line in smoke.splitlines() if line.startswith("| ") and ("<=" in line or ">=" in line)]
+    assert len(rows) == 4 and all(row.endswith("| not judged |") for row in rows), rows
+    assert "False" not in smoke and "True" not in smoke
+    full = targets_table(smoke=False)
+    assert "not judged" not in full and full.count("| False |") == 4

@@ -111,3 +111,19 @@ def test_build_orders_regimes_by_entropy_and_cli_refuses_a_non_study(tmp_path: P
         entropy_regimes.main()
     assert exit_info.value.code == 2
     assert f"{tmp_path / 'bare'} is not a finished study directory" in capsys.readouterr().err.splitlines()[-1]
+
+
+def test_regimes_figure_keeps_its_legends_off_the_data(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import matplotlib.pyplot as plt
+
+    from csd.report.regimes import figure
+    from tests.evaluation.test_figures import covered_axes, cut_parts, legends
+
+    regimes = [regime_summary(fixture_study(tmp_path / f"T{t}", t, e), n_boot=20) for t, e in ((1.7, 0.2), (2.1, 1.0))]
+    kept: list[plt.Figure] = []
+    monkeypatch.setattr(plt, "close", kept.append)
+    figure(regimes, tmp_path)
+    (fig,) = kept
+    fig.canvas.draw()
+    assert len(legends(fig)) == 2 and not covered_axes(fig) and not cut_parts(fig)
+    plt.close(fig)

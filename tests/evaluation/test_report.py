@@ -77,6 +77,21 @@ def test_labels_name_only_what_differs_from_the_method_defaults() -> None:
     assert results_frame([fake_result("mystery", q=1)])["label"].tolist() == ["mystery q=1"]
 
 
+def test_labels_of_a_drafter_sweep_name_the_drafter_under_current_names() -> None:
+    chain = {"window": 16, "coupling": "none", "draft_record": "onehot"}
+    tree = {"window": 64, "coupling": "maximal", "draft_record": "uniform", "tree_width": 4, "tree_depth": 3,
+            "pac_code_parity": False}  # as runs record them
+    sweep = [fake_result(m, **p) for m in ("sjd", "csd") for p in (chain, tree)]
+    assert results_frame(sweep)["label"].tolist() == ["sjd chain", "sjd pac_tree", "csd chain", "csd pac_tree"]
+    widths = [fake_result("sjd", **{**tree, "tree_width": k}) for k in (2, 4)] + [fake_result("sjd", **chain)]
+    assert results_frame(widths)["label"].tolist() == ["sjd pac_tree width=2", "sjd pac_tree width=4", "sjd chain"]
+    only_tree = results_frame([fake_result("sjd", **{**tree, "tree_depth": 2}), fake_result("sjd_pac", **tree)])
+    assert only_tree["label"].tolist() == ["sjd pac_tree depth=2", "sjd_pac"]  # not the method's own drafter: named
+    # a rule and a drafter of one's own (no conf/ files here): the drafter named, the rule's own keys
+    own = fake_result("floor", drafter="echo", window=4, floor=0.5)
+    assert results_frame([own])["label"].tolist() == ["floor echo floor=0.5"]
+
+
 def test_run_dirs_in_natural_order(tmp_path: Path) -> None:
     for name in ("0_ar", "10_csd_mc", "11_csd_pac", "1_sjd", "2_mcsjd"):
         (tmp_path / name).mkdir()
@@ -98,7 +113,8 @@ def test_pareto_names_every_run_without_overprinting(tmp_path: Path, monkeypatch
 def test_pareto_without_ar_says_how_to_add_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     sweep = [fake_result("csd", 1.0, lam=0.1), fake_result("csd", 0.8, lam=0.5)]
     fig, texts = pareto_texts(results_frame(sweep), tmp_path, monkeypatch)
-    assert sum("eval.report.extra_runs" in t.get_text() for t in texts) == 2  # both speed-up panels
+    assert sum("eval.report.extra_runs" in t.get_text() for t in texts) == 1  # once, under the title
+    assert [ax.get_xlabel() for ax in fig.axes] == ["step compression"] * 2  # no empty speed-up panels
     plt.close(fig)
 
 
@@ -122,9 +138,9 @@ def test_build_report_from_sweep(tmp_path: Path) -> None:
     markdown = (out / "table_toy.md").read_text()
     assert "| method" in markdown and "nan" not in markdown  # AR has no lambda: an empty cell
     assert (runs["n_prompts"] == 4).all() and f"{SMALL_N} fewer than 20 prompts" in markdown  # 4 prompts: marked
-    # the methods' defaults the labels leave out, beyond the engine-wide ones (csd's window 16 is one of those)
-    assert "the defaults (`conf/method/<method>.yaml`, beyond `conf/drafter/chain.yaml`): ar window=1; sjd; " \
-           "csd lam=0.1 delta=0.5 entropy_norm=none." in markdown
+    # the methods' defaults the labels leave out, beyond their drafter's (csd's window 16 is the chain's)
+    assert "the defaults (`conf/method/<method>.yaml`, beyond its drafter's `conf/drafter/<drafter>.yaml`, the " \
+           "chain unless named): ar window=1; sjd; csd lam=0.1 delta=0.5 entropy_norm=none." in markdown
     for name in ("pareto_toy.png", "acceptance_heatmaps_toy.png", "acceptance_vs_entropy_toy.png"):
         assert (out / name).stat().st_size > 0
     assert "pareto_toy.png" in (out / "report.md").read_text()

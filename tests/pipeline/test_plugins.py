@@ -85,7 +85,7 @@ def test_a_rule_and_a_drafter_of_ones_own_run_through_the_cli_and_the_report(tmp
               f"run_dir={tmp_path / 'run'}")
     assert out.returncode == 0, out.stderr[-3000:]
     table = pd.read_csv(tmp_path / "run" / "report" / "table_janus_pro_tiny.csv")
-    assert table["method"].tolist() == ["floor drafter=echo floor=0.5"]  # its drafter and its rule's own keys
+    assert table["method"].tolist() == ["floor echo floor=0.5"]  # its drafter (not the chain) and its rule's own keys
     info = json.loads((tmp_path / "run" / "run.json").read_text())
     assert info["method_params"] == {"drafter": "echo", "window": 4, "init": "random", "coupling": "none",
                                      "draft_record": "onehot", "floor": 0.5}
