@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.errors import OverrideParseException
+from hydra.errors import HydraException
 from hydra.utils import get_class, get_method
 from omegaconf import DictConfig, OmegaConf, open_dict
 
@@ -26,6 +26,7 @@ from csd.adapters.base import EntropyTemperature, ModelAdapter
 from csd.drafters import COUPLINGS, DRAFT_RECORDS, INIT_SCHEMES, Drafter
 from csd.evaluation.images import step_error
 from csd.fast import CompiledStep
+from csd.hub import without_loading_bars
 from csd.params import current_names
 from csd.prompts import Prompt
 from csd.schema import (
@@ -282,6 +283,13 @@ def config_groups() -> list[str]:
     return sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir() and p.name != "hydra")
 
 
+def nullable_groups() -> list[str]:
+    """The config groups ``conf/config.yaml`` chooses nothing from by default (``experiment: null``): the only ones
+    ``<group>=null`` may name (Hydra fails on any other with a traceback)."""
+    return [group for entry in OmegaConf.load(CONF_DIR / "config.yaml").defaults if isinstance(entry, DictConfig)
+            for group, option in entry.items() if option is None]
+
+
 def known_keys(dirs: Sequence[Path] = (CONF_DIR,)) -> list[str]:
     """:data:`SCHEMA`'s keys, the shared method keys and every key of a method or drafter file in ``dirs`` (its
     class's declared parameters)."""
@@ -336,12 +344,13 @@ def check_overrides(args: Sequence[str]) -> None:
             continue
         try:
             overrides.append((arg, parser.parse_override(arg)))
-        except OverrideParseException:
+        except HydraException:  # the grammar's errors (a plain HydraException, or OverrideParseException): Hydra's own
             continue
     # hydra.searchpath=[file://<dir>, ...] adds config directories (a rule or drafter of one's own)
     dirs = [CONF_DIR] + [Path(str(path).removeprefix("file://")) for _, o in overrides if o.key_or_group == "hydra.searchpath"
                          for path in (o.value() or []) if str(path).startswith("file://")]
     keys = known_keys(dirs)
+    nullable = nullable_groups()
     for arg, override in overrides:
         key = override.key_or_group
         if (override.is_add() or override.is_force_add() or override.is_delete() or override.package is not None
@@ -353,6 +362,8 @@ def check_overrides(args: Sequence[str]) -> None:
             options = sorted({p.stem for d in dirs for p in (d / key).glob("*.yaml")})
             values = list(override.sweep_string_iterator()) if override.is_sweep_override() else [override.value()]
             for value in values:
+                if value is None and key not in nullable:
+                    raise ConfigError(f"{key}=null: a run needs a {key}; choose one of {options}")
                 if value is not None and value not in options:
                     close = close_names(str(value), options)
                     hint = f"did you mean {close}? " if close else ""
@@ -582,7 +593,8 @@ def adapter_class(model: DictConfig) -> type[ModelAdapter]:
 
 
 def build_adapter(model: DictConfig, device: torch.device) -> ModelAdapter:
-    """The model's loader with its config values."""
+    """The model's loader with its config values (without transformers' "Loading weights" bar)."""
+    without_loading_bars()
     params = {k: v for k, v in OmegaConf.to_container(model, resolve=True).items()
               if k not in ("name", "_target_", "entropy_temperature")}
     params["top_k"] = params.get("top_k") or 0
@@ -601,10 +613,15 @@ def compiled_step(adapter: ModelAdapter, engine: DictConfig) -> CompiledStep | N
 
 
 def load_prompts(dataset: DictConfig) -> list[Prompt]:
-    """The dataset's prompts; none, or fewer than ``dataset.n_prompts``, is a :class:`ConfigError`."""
+    """The dataset's prompts; none, an empty or blank one, or fewer than ``dataset.n_prompts`` is a
+    :class:`ConfigError`."""
     params = {k: v for k, v in OmegaConf.to_container(dataset, resolve=True).items() if k not in ("name", "_target_", "samples_per_prompt", "num_shards", "shard")}
     prompts = get_method(dataset._target_)(**params)
     _check(bool(prompts), f"dataset={dataset.name} has no prompts")
+    blank = next((i for i, p in enumerate(prompts) if not p.text.strip()), None)
+    _check(blank is None, f"dataset={dataset.name} prompt {prompts[blank].prompt_id} (index {blank}) is empty: every "
+           "prompt needs text (an empty one would make an unconditional image); fix or drop it in the dataset file"
+           if blank is not None else "")
     n = dataset.get("n_prompts")
     _check(
         n is None or len(prompts) >= n,
@@ -612,6 +629,17 @@ def load_prompts(dataset: DictConfig) -> list[Prompt]:
         f"set dataset.n_prompts={len(prompts)} or null (all)",
     )
     return prompts
+
+
+def check_captions(model: DictConfig, dataset: str, prompts: Sequence[Prompt]) -> None:
+    """Refuse prompts the model cannot read (:meth:`ModelAdapter.caption_problem`: the toy's word vocabulary) before
+    it loads, naming the first, how many there are, what the model reads and the dataset to use instead."""
+    cls = adapter_class(model)
+    problems = [(p, problem) for p in prompts if (problem := cls.caption_problem(p.text)) is not None]
+    if problems:
+        first, problem = problems[0]
+        raise ConfigError(f"dataset={dataset} prompt {first.prompt_id} {problem} ({len(problems)} of {len(prompts)} "
+                          f"prompts cannot be read): model={model.name} reads {cls.reads}")
 
 
 def move_deprecated_keys(cfg: DictConfig) -> list[str]:

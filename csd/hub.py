@@ -17,7 +17,7 @@ import socket
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TypeVar
+from typing import Any, TypeVar
 from urllib.parse import urlparse
 
 from huggingface_hub import constants
@@ -89,3 +89,20 @@ def load_local_first(load: Callable[[], T], missing: tuple[type[Exception], ...]
         if not hub_reachable():
             raise
     return load()
+
+
+def without_progress_bar(factory: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """transformers' tqdm hook: its own bars (the "Loading weights" bar of every model load) are created disabled.
+
+    Only bars transformers makes through ``transformers.utils.logging.tqdm`` pass here: the engine's and the
+    evaluation's bars, and the hub client's download bars, are plain tqdm and stay.
+    """
+    return factory(*args, **{**kwargs, "disable": True})
+
+
+def without_loading_bars() -> None:
+    """Install :func:`without_progress_bar` (process-wide): every model load, ``run.py``'s and the notebook API's
+    (:func:`csd.config.build_adapter`), prints no "Loading weights" bar."""
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.set_tqdm_hook(without_progress_bar)

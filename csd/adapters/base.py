@@ -121,6 +121,15 @@ class ModelAdapter(ABC):
     #: the shipped EAGLE head file (``drafter=eagle``'s default ``drafter.head``), None: none shipped
     eagle_head: Path | None = None
 
+    #: the captions the model reads, for a message refusing another (None: any text; see :meth:`caption_problem`)
+    reads: str | None = None
+
+    @classmethod
+    def caption_problem(cls, caption: str) -> str | None:
+        """Why the model cannot read ``caption`` (e.g. ``"has 2 unknown words ('apple', 'table')"``), None if it can;
+        known before any weight loads, so prompts are refused where they are loaded (the toy's word vocabulary)."""
+        return None
+
     @property
     def uses_cfg(self) -> bool:
         return self.sampling.guidance_scale != 1.0
