@@ -22,9 +22,11 @@ from csd.config import (
     ConfigError,
     check_captions,
     check_overrides,
+    check_weights,
     close_names,
     eval_metrics,
     load_prompts,
+    model_preset,
     validate,
 )
 from csd.hub import without_loading_bars
@@ -240,7 +242,8 @@ def evaluated_run_config(cfg: DictConfig, overrides: Sequence[str]) -> DictConfi
 def check_inputs(cfg: DictConfig, overrides: Sequence[str]) -> None:
     """The checks of a run (or multirun job) beyond its config values (:func:`csd.config.validate`), still before
     any model loads: the dataset holds ``dataset.n_prompts`` prompts, each one the model reads
-    (:func:`csd.config.check_captions`); the JSON files of an existing ``run_dir`` are readable
+    (:func:`csd.config.check_captions`); the model's files are there (:func:`csd.config.check_weights`, the draft
+    model's too); the JSON files of an existing ``run_dir`` are readable
     (:func:`csd.rundir.check_run_files`); ``stage=evaluate`` reads a run that the
     command line does not contradict (:func:`evaluated_run_config`); a stage that evaluates has metrics its model
     supports (:func:`csd.config.eval_metrics`), no published COCO protocol on a toy model and, with
@@ -250,6 +253,10 @@ def check_inputs(cfg: DictConfig, overrides: Sequence[str]) -> None:
     if cfg.stage in ("generate", "all", "study"):
         prompts = load_prompts(cfg.dataset)  # refuses more prompts than the dataset holds, naming its size
         check_captions(cfg.model, cfg.dataset.name, prompts)
+        check_weights(cfg.model)
+        draft_model = OmegaConf.select(cfg, "drafter.model")  # drafter=draft_model: its own model preset
+        if draft_model is not None:
+            check_weights(model_preset(draft_model))
     if cfg.stage in ("generate", "all", "study", "evaluate", "status") and cfg.run_dir and Path(cfg.run_dir).is_dir():
         check_run_files(Path(cfg.run_dir))
     if cfg.stage == "evaluate":
@@ -296,6 +303,7 @@ def run_stages(cfg: DictConfig) -> None:
     evaluated once, over every shard, with ``stage=evaluate`` when all are done.
     """
     logging.getLogger().addFilter(quiet_open_clip)
+    run_key = "hydra.run.dir" if cfg.run_dir is None else "run_dir"  # the key that names the run on the command line
     if cfg.run_dir is None:  # run.py's Hydra output directory: a new run's, or the run_dir/sweep_dir given
         from hydra.core.hydra_config import HydraConfig
 
@@ -333,7 +341,7 @@ def run_stages(cfg: DictConfig) -> None:
         print(f"error: {err}", file=sys.stderr)
         raise SystemExit(2) from None
     except KeyboardInterrupt as err:  # one line, not a traceback; 130 = 128 + SIGINT
-        print(f"interrupted: {interrupted_message(cfg, str(err))}", file=sys.stderr)
+        print(f"interrupted: {interrupted_message(cfg, str(err), run_key=run_key)}", file=sys.stderr)
         raise SystemExit(130) from None
 
 
@@ -349,10 +357,11 @@ def report_stage(cfg: DictConfig, target: Path) -> None:
     print(f"report: {report}")
 
 
-def interrupted_message(cfg: DictConfig, saved: str, multirun: bool | None = None) -> str:
+def interrupted_message(cfg: DictConfig, saved: str, multirun: bool | None = None, run_key: str = "hydra.run.dir") -> str:
     """What Ctrl-C left (``saved``: the generate stage's "N of M images saved in <dir>") and how to go on.
     ``multirun``: whether ``cfg`` is a multirun job's (None: ask Hydra, as the job itself does; the submitting
-    process of a sweep says so: hydra_plugins/csd_launcher)."""
+    process of a sweep says so: hydra_plugins/csd_launcher). ``run_key``: the key that names the run's directory on
+    the command line to repeat (``run_dir`` when the run was given one)."""
     if cfg.stage == "report":
         return "the report was not finished; run the same command again"
     run_dir = Path(cfg.run_dir)
@@ -364,5 +373,5 @@ def interrupted_message(cfg: DictConfig, saved: str, multirun: bool | None = Non
     # a multirun job's directory is <sweep dir>/<job>, recreated by rerunning the sweep into the same sweep dir
     if multirun is None:
         multirun = in_multirun()
-    again = f"hydra.sweep.dir={run_dir.parent}" if multirun else f"hydra.run.dir={run_dir}"
+    again = f"hydra.sweep.dir={run_dir.parent}" if multirun else f"{run_key}={run_dir}"
     return f"{kept}; to resume, run the same command with {again}"

@@ -22,7 +22,7 @@ from hydra.utils import get_class, get_method
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from csd.acceptance import AcceptanceRule
-from csd.adapters.base import EntropyTemperature, ModelAdapter
+from csd.adapters.base import WEIGHTS_CHECKS, EntropyTemperature, ModelAdapter
 from csd.drafters import COUPLINGS, DRAFT_RECORDS, INIT_SCHEMES, Drafter
 from csd.evaluation.images import step_error
 from csd.fast import CompiledStep
@@ -498,7 +498,9 @@ CLASS_ID_PROMPTS = "csd.data.imagenet.imagenet_class_prompts"
 
 def _check_class_prompts(cfg: DictConfig) -> None:
     """A class-conditional model (``model.kind=c2i``) takes class ids, which only a class-id dataset holds, and a
-    captioned model takes no class ids."""
+    captioned model takes no class ids; ``stage=plan`` reads no prompts (a memory plan needs the model's shape only)."""
+    if cfg.stage == "plan":
+        return
     c2i, ids = cfg.model.get("kind") == "c2i", cfg.dataset._target_ == CLASS_ID_PROMPTS
     _check(not c2i or ids, f"model={cfg.model.name} is class-conditional: its prompts are ImageNet class ids, but "
            f"dataset={cfg.dataset.name} holds captions; use dataset=imagenet_classes")
@@ -592,13 +594,29 @@ def adapter_class(model: DictConfig) -> type[ModelAdapter]:
     return typing.get_type_hints(get_method(model._target_))["return"]
 
 
-def build_adapter(model: DictConfig, device: torch.device) -> ModelAdapter:
-    """The model's loader with its config values (without transformers' "Loading weights" bar)."""
-    without_loading_bars()
+def loader_params(model: DictConfig) -> dict[str, Any]:
+    """The keyword arguments of the model's loader (``model._target_``): its config values but the name and what
+    :func:`build_adapter` applies itself."""
     params = {k: v for k, v in OmegaConf.to_container(model, resolve=True).items()
               if k not in ("name", "_target_", "entropy_temperature")}
     params["top_k"] = params.get("top_k") or 0
-    adapter = get_method(model._target_)(**params, device=str(device))
+    return params
+
+
+def check_weights(model: DictConfig) -> None:
+    """Raise the ``MissingWeightsError`` the model's loader would (its registered check:
+    ``csd.adapters.base.WEIGHTS_CHECKS``), without loading anything; a loader without a check (the toy, the tiny
+    models) needs no files."""
+    get_method(model._target_)  # imports the loader's module, which registers its check
+    check = WEIGHTS_CHECKS.get(model._target_)
+    if check is not None:
+        check(**loader_params(model))
+
+
+def build_adapter(model: DictConfig, device: torch.device) -> ModelAdapter:
+    """The model's loader with its config values (without transformers' "Loading weights" bar)."""
+    without_loading_bars()
+    adapter = get_method(model._target_)(**loader_params(model), device=str(device))
     tempered = entropy_temperature(model)
     if tempered is not None:  # part of the target q, which the engine's processors build from adapter.sampling
         adapter.sampling = dataclasses.replace(adapter.sampling, entropy_temperature=tempered)

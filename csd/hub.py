@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import socket
 import threading
 from collections.abc import Callable, Iterator
@@ -106,3 +107,21 @@ def without_loading_bars() -> None:
     from transformers.utils import logging as transformers_logging
 
     transformers_logging.set_tqdm_hook(without_progress_bar)
+
+
+def model_files_present(path: str) -> bool:
+    """Whether a loader would find a model at ``path`` (a local directory, or a hub id ``org/name``), asked without
+    loading or downloading anything: a directory; a hub id whose snapshot (its ``config.json``) is in the local cache;
+    any hub id while the hub is reachable (:func:`hub_reachable`: the loader downloads it)."""
+    if os.path.isdir(os.path.expanduser(path)):
+        return True
+    if path.startswith(("/", ".", "~")) or path.count("/") != 1:  # a local path that is not there
+        return False
+    from huggingface_hub import try_to_load_from_cache
+    from huggingface_hub.errors import HFValidationError
+
+    try:
+        cached = try_to_load_from_cache(path, "config.json")
+    except HFValidationError:  # not a valid hub id either
+        return False
+    return isinstance(cached, str) or hub_reachable()

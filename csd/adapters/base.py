@@ -29,12 +29,14 @@ from __future__ import annotations
 
 import dataclasses
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
+L = TypeVar("L", bound=Callable[..., Any])
 
 @dataclass(frozen=True)
 class EntropyTemperature:
@@ -213,3 +215,18 @@ def to_uint8(images: torch.Tensor) -> torch.Tensor:
 
 class MissingWeightsError(FileNotFoundError):
     """Raised (with an actionable message) when a model's files are not available offline."""
+
+
+#: a loader's ``_target_`` (``module.function``) -> its weights check: called with the loader's config values, it
+#: raises the :class:`MissingWeightsError` the loader would, without loading anything (``csd.config.check_weights``)
+WEIGHTS_CHECKS: dict[str, Callable[..., None]] = {}
+
+
+def checks_weights(check: Callable[..., None]) -> Callable[[L], L]:
+    """Register ``check`` as the weights check of the decorated loader (:data:`WEIGHTS_CHECKS`): a run refuses missing
+    files before anything is created or launched, a multirun for every job before the first starts."""
+    def register(loader: L) -> L:
+        WEIGHTS_CHECKS[f"{loader.__module__}.{loader.__name__}"] = check
+        return loader
+
+    return register

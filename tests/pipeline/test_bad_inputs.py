@@ -172,3 +172,21 @@ def test_audit_run_py(c: Case, tmp_path: Path) -> None:
     assert "Traceback" not in out.stderr
     assert re.search(c.says, lines[0]), lines[0]
     assert listing(tmp_path) == before, sorted(map(str, listing(tmp_path) - before))
+
+
+@pytest.mark.slow
+def test_multirun_without_weights_is_refused_before_any_job_or_directory(tmp_path: Path) -> None:
+    """A sweep is checked job by job before its launcher starts (csd.sweep), weights included: ``-m`` skips
+    :func:`preflight`, so this runs ``run.py`` as the audit does."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, str(ROOT / "run.py"), "-m", "method=sjd,csd", "model=janus_pro_1b"],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=AUDIT_SECONDS,
+                         preexec_fn=cap_memory)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert [line.split(":")[0] for line in lines] == ["error"] * 2, out.stderr[-2000:]
+    for num, method in enumerate(("sjd", "csd")):
+        assert lines[num].startswith(f"error: job #{num} (method={method} model=janus_pro_1b): Janus-Pro files not "
+                                     "found at 'deepseek-community/Janus-Pro-1B'")
+    assert "Launching" not in out.stdout + out.stderr
+    assert listing(tmp_path) == set()  # no sweep directory, no job directory
