@@ -113,7 +113,7 @@ def read_run_file(path: Path) -> Any:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except ValueError as err:  # JSONDecodeError, UnicodeDecodeError
-        where = f" at line {err.lineno} column {err.colno}" if isinstance(err, json.JSONDecodeError) else ""
+        where = f": line {err.lineno} column {err.colno}" if isinstance(err, json.JSONDecodeError) else ""
         fix = RUN_FILE_FIXES.get(path.name, "restore it from a copy")
         if path.name == FINGERPRINT_FILE and not (path.parent / "config.yaml").exists():
             fix = f"restore it from a copy, or use a new run_dir ({path.parent} has no config.yaml to rebuild it from)"

@@ -107,7 +107,7 @@ CASES: list[Case] = [
     case("method=null", says=r"method=null.*choose one of \[.*'csd'"),
     case("drafter=eagle", "drafter.head={dir}/head.pt", says=r"drafter.head=\S*head.pt is not .*torch.save", setup=text_file),
     case("run_dir=/proc/x", says=r"run_dir=/proc/x: .*not writable"),
-    case("stage=evaluate", "run_dir={dir}/run", says=r"run.json is not valid JSON \(.* at line 1 column \d+\); "
+    case("stage=evaluate", "run_dir={dir}/run", says=r"run.json is not valid JSON \(Unterminated string .*: line 1 column \d+\); "
          r"restore it", setup=corrupt_run_json),
     case("run_dir={dir}/run", says=r"fingerprint.json is not valid JSON.*delete it", setup=corrupt_fingerprint),
     case("model=janus_pro_tiny", "dataset=coco2017", "dataset.annotations={dir}", says=r"dataset.annotations=\S+ is a directory"),
