@@ -2,24 +2,37 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
+import re
 import sys
-from collections.abc import Callable, Sequence
+import tempfile
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import torch
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.errors import HydraException
+from hydra.errors import HydraException, MissingConfigException, OverrideParseException
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from omegaconf.errors import OmegaConfBaseException
 
 from csd.adapters.base import MissingWeightsError
-from csd.config import CONF_DIR, ConfigError, check_overrides, eval_metrics, load_prompts, validate
+from csd.config import (
+    CONF_DIR,
+    ConfigError,
+    check_captions,
+    check_overrides,
+    check_weights,
+    close_names,
+    eval_metrics,
+    load_prompts,
+    model_preset,
+    validate,
+)
+from csd.hub import without_loading_bars
 from csd.lockfile import LockHeldError
 from csd.records import RecordsError
+from csd.rundir import check_run_files, read_run_file
 from csd.schema import show
 
 log = logging.getLogger("csd")
@@ -39,15 +52,6 @@ def in_multirun() -> bool:
 def quiet_open_clip(record: logging.LogRecord) -> bool:
     """Keep open_clip's warnings but not its model-loading INFO lines (it logs them on the root logger)."""
     return record.levelno >= logging.WARNING or f"{os.sep}open_clip{os.sep}" not in record.pathname
-
-
-def without_progress_bar(factory: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """transformers' tqdm hook: its own bars (the "Loading weights" bar of every model load) are created disabled.
-
-    Only bars transformers makes through ``transformers.utils.logging.tqdm`` pass here: the engine's and the
-    evaluation's bars, and the hub client's download bars, are plain tqdm and stay.
-    """
-    return factory(*args, **{**kwargs, "disable": True})
 
 
 def one_gpu_per_shard(cfg: DictConfig) -> None:
@@ -71,7 +75,7 @@ def check_dirs(stage: str, run_dir: str | None, sweep_dir: str | None, run_key: 
 
     ``stage=evaluate`` needs ``run_dir`` holding a generated run (its run.json); report and status need
     an existing ``sweep_dir`` or ``run_dir``; the stages that write need a ``run_dir`` that is a directory or
-    does not exist yet. ``run_key`` names the key ``run_dir`` came from (``hydra.run.dir`` given instead).
+    does not exist yet, in a directory they can write to. ``run_key`` names the key ``run_dir`` came from (``hydra.run.dir`` given instead).
     """
     given = {"run_dir": run_dir, "sweep_dir": sweep_dir}
     if stage in READS:
@@ -88,12 +92,26 @@ def check_dirs(stage: str, run_dir: str | None, sweep_dir: str | None, run_key: 
     elif run_dir:
         path = Path(run_dir)
         blocker = next((p for p in (path, *path.parents) if p.exists()), path)
+        where = "" if blocker == path else f": {blocker}"
         if blocker.exists() and not blocker.is_dir():
-            where = "" if blocker == path else f": {blocker}"
             raise ConfigError(
                 f"{run_key}={run_dir}{where} is a file, not a directory; "
                 "give a new directory or a run to resume"
             )
+        if blocker.exists() and not writable(blocker):
+            raise ConfigError(f"{run_key}={run_dir}{where} is not writable; give a directory you can write to")
+
+
+def writable(directory: Path) -> bool:
+    """Whether files can be made in ``directory``: ``os.access``, then (it says yes to root everywhere, /proc included)
+    a probe directory made and removed at once, so nothing is left behind."""
+    if not os.access(directory, os.W_OK | os.X_OK):
+        return False
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".csd-probe-", dir=directory))
+    except OSError:
+        return False
+    return True
 
 
 #: what run.py refuses in one line (exit 2) before Hydra creates a directory or a model loads
@@ -120,7 +138,7 @@ def preflight(argv: Sequence[str]) -> None:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
             cfg = compose("config", overrides=list(argv), return_hydra_config=True)
     except (HydraException, OmegaConfBaseException) as err:
-        raise ConfigError(" ".join(str(err).split())) from None
+        raise ConfigError(hydra_error(err, argv)) from None
     hydra_dir = OmegaConf.to_container(cfg.hydra.run, resolve=False)["dir"]
     explicit = not str(hydra_dir).startswith("${csd_output_dir:")  # hydra.run.dir given: it is the run
     run_dir = cfg.run_dir or (cfg.hydra.run.dir if explicit else None)
@@ -140,6 +158,48 @@ def preflight(argv: Sequence[str]) -> None:
     finally:
         quiet.setLevel(level)
         hydra_config.cfg = previous
+
+
+#: where Hydra's override grammar is described (its parse errors point there)
+GRAMMAR_URL = "https://hydra.cc/docs/advanced/override_grammar/basic"
+
+
+def hydra_error(err: Exception, argv: Sequence[str]) -> str:
+    """Hydra's (multi-line) error about ``argv`` in one line that says the fix: an override without a value, one it
+    cannot parse (named: its message may not say which), a ``hydra.<key>`` that is not a Hydra setting (the settings
+    there), a ``hydra/<group>`` option that does not exist (the options)."""
+    from hydra.conf import HydraConf
+
+    text = " ".join(str(err).split())
+    if isinstance(err, OverrideParseException):
+        parser = OverridesParser.create()
+        for arg in argv:
+            if arg.startswith("-"):
+                continue
+            try:
+                parser.parse_override(arg)
+            except HydraException as bad:  # parse_override raises the grammar's error as a plain HydraException
+                if "=" not in arg:
+                    return f"{arg}: an override needs a value; write {arg}=<value> (or ~{arg} to delete the key)"
+                reason = str(bad).splitlines()[0]
+                return (f"{arg}: Hydra cannot parse it ({reason}); quote a value with special characters "
+                        f"({arg.split('=')[0]}='<value>'), see {GRAMMAR_URL}")
+    if isinstance(err, MissingConfigException) and err.options is not None and err.missing_cfg_file:
+        group, _, option = err.missing_cfg_file.rpartition("/")
+        return f"{group}={option} is not an option of {group}; choose one of {sorted(err.options)}"
+    bad_key = re.match(r"Could not override '(hydra\.[^']+)'", text)
+    if bad_key:
+        key = bad_key.group(1)
+        schema = OmegaConf.create({"hydra": OmegaConf.structured(HydraConf)})
+        parts = key.split(".")
+        depth = max(n for n in range(1, len(parts)) if isinstance(OmegaConf.select(schema, ".".join(parts[:n])), DictConfig))
+        parent, name = ".".join(parts[:depth]), parts[depth]  # the deepest Hydra node the key names, its unknown child
+        settings = sorted(OmegaConf.select(schema, parent).keys())
+        close = close_names(name, settings)
+        hint = f"did you mean {parent}.{close}? " if close else ""
+        return (f"{key} is not a Hydra setting: {parent} has no {name}; {hint}its settings: {', '.join(settings)} "
+                "(python run.py --cfg hydra shows their values)")
+    return text
 
 
 def check_command_line(argv: Sequence[str]) -> None:
@@ -166,7 +226,7 @@ def evaluated_run_config(cfg: DictConfig, overrides: Sequence[str]) -> DictConfi
     info_path = run_dir / "run.json"
     if not info_path.exists():
         raise FileNotFoundError(f"{info_path} missing: {run_dir} is not a generated run directory")
-    info = json.loads(info_path.read_text())
+    info = read_run_file(info_path)
     path = run_dir / "config.yaml"
     run_config = OmegaConf.load(path) if path.exists() else OmegaConf.create(
         {**{group: {"name": info[group]} for group in RUN_GROUPS}, "seed": info["seed"]})
@@ -186,14 +246,24 @@ def evaluated_run_config(cfg: DictConfig, overrides: Sequence[str]) -> DictConfi
 
 def check_inputs(cfg: DictConfig, overrides: Sequence[str]) -> None:
     """The checks of a run (or multirun job) beyond its config values (:func:`csd.config.validate`), still before
-    any model loads: the dataset holds ``dataset.n_prompts`` prompts; ``stage=evaluate`` reads a run that the
+    any model loads: the dataset holds ``dataset.n_prompts`` prompts, each one the model reads
+    (:func:`csd.config.check_captions`); the model's files are there (:func:`csd.config.check_weights`, the draft
+    model's too); the JSON files of an existing ``run_dir`` are readable
+    (:func:`csd.rundir.check_run_files`); ``stage=evaluate`` reads a run that the
     command line does not contradict (:func:`evaluated_run_config`); a stage that evaluates has metrics its model
     supports (:func:`csd.config.eval_metrics`), no published COCO protocol on a toy model and, with
     ``eval.strict=true``, every weights and data file its metrics read (:func:`csd.evaluation.metrics.check_files`).
     ``overrides``: the command line's, for the evaluate stage. Also run for every job of a multirun before the
     first starts (:mod:`csd.sweep`)."""
     if cfg.stage in ("generate", "all", "study"):
-        load_prompts(cfg.dataset)  # refuses more prompts than the dataset holds, naming its size
+        prompts = load_prompts(cfg.dataset)  # refuses more prompts than the dataset holds, naming its size
+        check_captions(cfg.model, cfg.dataset.name, prompts)
+        check_weights(cfg.model)
+        draft_model = OmegaConf.select(cfg, "drafter.model")  # drafter=draft_model: its own model preset
+        if draft_model is not None:
+            check_weights(model_preset(draft_model))
+    if cfg.stage in ("generate", "all", "study", "evaluate", "status") and cfg.run_dir and Path(cfg.run_dir).is_dir():
+        check_run_files(Path(cfg.run_dir))
     if cfg.stage == "evaluate":
         run_config = evaluated_run_config(cfg, overrides)
     elif cfg.stage == "all" and cfg.dataset.num_shards == 1:
@@ -238,15 +308,14 @@ def run_stages(cfg: DictConfig) -> None:
     evaluated once, over every shard, with ``stage=evaluate`` when all are done.
     """
     logging.getLogger().addFilter(quiet_open_clip)
+    run_key = "hydra.run.dir" if cfg.run_dir is None else "run_dir"  # the key that names the run on the command line
     if cfg.run_dir is None:  # run.py's Hydra output directory: a new run's, or the run_dir/sweep_dir given
         from hydra.core.hydra_config import HydraConfig
 
         cfg.run_dir = HydraConfig.get().runtime.output_dir
     try:
         validate(cfg)
-        from transformers.utils import logging as transformers_logging
-
-        transformers_logging.set_tqdm_hook(without_progress_bar)
+        without_loading_bars()  # before the evaluate stage's model loads too
         if cfg.threads is not None:
             torch.set_num_threads(cfg.threads)
         check_dirs(cfg.stage, cfg.run_dir, cfg.sweep_dir)
@@ -277,7 +346,7 @@ def run_stages(cfg: DictConfig) -> None:
         print(f"error: {err}", file=sys.stderr)
         raise SystemExit(2) from None
     except KeyboardInterrupt as err:  # one line, not a traceback; 130 = 128 + SIGINT
-        print(f"interrupted: {interrupted_message(cfg, str(err))}", file=sys.stderr)
+        print(f"interrupted: {interrupted_message(cfg, str(err), run_key=run_key)}", file=sys.stderr)
         raise SystemExit(130) from None
 
 
@@ -293,10 +362,11 @@ def report_stage(cfg: DictConfig, target: Path) -> None:
     print(f"report: {report}")
 
 
-def interrupted_message(cfg: DictConfig, saved: str, multirun: bool | None = None) -> str:
+def interrupted_message(cfg: DictConfig, saved: str, multirun: bool | None = None, run_key: str = "hydra.run.dir") -> str:
     """What Ctrl-C left (``saved``: the generate stage's "N of M images saved in <dir>") and how to go on.
     ``multirun``: whether ``cfg`` is a multirun job's (None: ask Hydra, as the job itself does; the submitting
-    process of a sweep says so: hydra_plugins/csd_launcher)."""
+    process of a sweep says so: hydra_plugins/csd_launcher). ``run_key``: the key that names the run's directory on
+    the command line to repeat (``run_dir`` when the run was given one)."""
     if cfg.stage == "report":
         return "the report was not finished; run the same command again"
     run_dir = Path(cfg.run_dir)
@@ -308,5 +378,5 @@ def interrupted_message(cfg: DictConfig, saved: str, multirun: bool | None = Non
     # a multirun job's directory is <sweep dir>/<job>, recreated by rerunning the sweep into the same sweep dir
     if multirun is None:
         multirun = in_multirun()
-    again = f"hydra.sweep.dir={run_dir.parent}" if multirun else f"hydra.run.dir={run_dir}"
+    again = f"hydra.sweep.dir={run_dir.parent}" if multirun else f"{run_key}={run_dir}"
     return f"{kept}; to resume, run the same command with {again}"

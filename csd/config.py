@@ -17,15 +17,16 @@ from typing import Any
 
 import torch
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.errors import OverrideParseException
+from hydra.errors import HydraException
 from hydra.utils import get_class, get_method
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from csd.acceptance import AcceptanceRule
-from csd.adapters.base import EntropyTemperature, ModelAdapter
+from csd.adapters.base import WEIGHTS_CHECKS, EntropyTemperature, ModelAdapter
 from csd.drafters import COUPLINGS, DRAFT_RECORDS, INIT_SCHEMES, Drafter
 from csd.evaluation.images import step_error
 from csd.fast import CompiledStep
+from csd.hub import without_loading_bars
 from csd.params import current_names
 from csd.prompts import Prompt
 from csd.schema import (
@@ -282,6 +283,13 @@ def config_groups() -> list[str]:
     return sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir() and p.name != "hydra")
 
 
+def nullable_groups() -> list[str]:
+    """The config groups ``conf/config.yaml`` chooses nothing from by default (``experiment: null``): the only ones
+    ``<group>=null`` may name (Hydra fails on any other with a traceback)."""
+    return [group for entry in OmegaConf.load(CONF_DIR / "config.yaml").defaults if isinstance(entry, DictConfig)
+            for group, option in entry.items() if option is None]
+
+
 def known_keys(dirs: Sequence[Path] = (CONF_DIR,)) -> list[str]:
     """:data:`SCHEMA`'s keys, the shared method keys and every key of a method or drafter file in ``dirs`` (its
     class's declared parameters)."""
@@ -336,12 +344,13 @@ def check_overrides(args: Sequence[str]) -> None:
             continue
         try:
             overrides.append((arg, parser.parse_override(arg)))
-        except OverrideParseException:
+        except HydraException:  # the grammar's errors (a plain HydraException, or OverrideParseException): Hydra's own
             continue
     # hydra.searchpath=[file://<dir>, ...] adds config directories (a rule or drafter of one's own)
     dirs = [CONF_DIR] + [Path(str(path).removeprefix("file://")) for _, o in overrides if o.key_or_group == "hydra.searchpath"
                          for path in (o.value() or []) if str(path).startswith("file://")]
     keys = known_keys(dirs)
+    nullable = nullable_groups()
     for arg, override in overrides:
         key = override.key_or_group
         if (override.is_add() or override.is_force_add() or override.is_delete() or override.package is not None
@@ -353,6 +362,8 @@ def check_overrides(args: Sequence[str]) -> None:
             options = sorted({p.stem for d in dirs for p in (d / key).glob("*.yaml")})
             values = list(override.sweep_string_iterator()) if override.is_sweep_override() else [override.value()]
             for value in values:
+                if value is None and key not in nullable:
+                    raise ConfigError(f"{key}=null: a run needs a {key}; choose one of {options}")
                 if value is not None and value not in options:
                     close = close_names(str(value), options)
                     hint = f"did you mean {close}? " if close else ""
@@ -487,7 +498,9 @@ CLASS_ID_PROMPTS = "csd.data.imagenet.imagenet_class_prompts"
 
 def _check_class_prompts(cfg: DictConfig) -> None:
     """A class-conditional model (``model.kind=c2i``) takes class ids, which only a class-id dataset holds, and a
-    captioned model takes no class ids."""
+    captioned model takes no class ids; ``stage=plan`` reads no prompts (a memory plan needs the model's shape only)."""
+    if cfg.stage == "plan":
+        return
     c2i, ids = cfg.model.get("kind") == "c2i", cfg.dataset._target_ == CLASS_ID_PROMPTS
     _check(not c2i or ids, f"model={cfg.model.name} is class-conditional: its prompts are ImageNet class ids, but "
            f"dataset={cfg.dataset.name} holds captions; use dataset=imagenet_classes")
@@ -581,12 +594,29 @@ def adapter_class(model: DictConfig) -> type[ModelAdapter]:
     return typing.get_type_hints(get_method(model._target_))["return"]
 
 
-def build_adapter(model: DictConfig, device: torch.device) -> ModelAdapter:
-    """The model's loader with its config values."""
+def loader_params(model: DictConfig) -> dict[str, Any]:
+    """The keyword arguments of the model's loader (``model._target_``): its config values but the name and what
+    :func:`build_adapter` applies itself."""
     params = {k: v for k, v in OmegaConf.to_container(model, resolve=True).items()
               if k not in ("name", "_target_", "entropy_temperature")}
     params["top_k"] = params.get("top_k") or 0
-    adapter = get_method(model._target_)(**params, device=str(device))
+    return params
+
+
+def check_weights(model: DictConfig) -> None:
+    """Raise the ``MissingWeightsError`` the model's loader would (its registered check:
+    ``csd.adapters.base.WEIGHTS_CHECKS``), without loading anything; a loader without a check (the toy, the tiny
+    models) needs no files."""
+    get_method(model._target_)  # imports the loader's module, which registers its check
+    check = WEIGHTS_CHECKS.get(model._target_)
+    if check is not None:
+        check(**loader_params(model))
+
+
+def build_adapter(model: DictConfig, device: torch.device) -> ModelAdapter:
+    """The model's loader with its config values (without transformers' "Loading weights" bar)."""
+    without_loading_bars()
+    adapter = get_method(model._target_)(**loader_params(model), device=str(device))
     tempered = entropy_temperature(model)
     if tempered is not None:  # part of the target q, which the engine's processors build from adapter.sampling
         adapter.sampling = dataclasses.replace(adapter.sampling, entropy_temperature=tempered)
@@ -601,10 +631,15 @@ def compiled_step(adapter: ModelAdapter, engine: DictConfig) -> CompiledStep | N
 
 
 def load_prompts(dataset: DictConfig) -> list[Prompt]:
-    """The dataset's prompts; none, or fewer than ``dataset.n_prompts``, is a :class:`ConfigError`."""
+    """The dataset's prompts; none, an empty or blank one, or fewer than ``dataset.n_prompts`` is a
+    :class:`ConfigError`."""
     params = {k: v for k, v in OmegaConf.to_container(dataset, resolve=True).items() if k not in ("name", "_target_", "samples_per_prompt", "num_shards", "shard")}
     prompts = get_method(dataset._target_)(**params)
     _check(bool(prompts), f"dataset={dataset.name} has no prompts")
+    blank = next((i for i, p in enumerate(prompts) if not p.text.strip()), None)
+    _check(blank is None, f"dataset={dataset.name} prompt {prompts[blank].prompt_id} (index {blank}) is empty: every "
+           "prompt needs text (an empty one would make an unconditional image); fix or drop it in the dataset file"
+           if blank is not None else "")
     n = dataset.get("n_prompts")
     _check(
         n is None or len(prompts) >= n,
@@ -612,6 +647,17 @@ def load_prompts(dataset: DictConfig) -> list[Prompt]:
         f"set dataset.n_prompts={len(prompts)} or null (all)",
     )
     return prompts
+
+
+def check_captions(model: DictConfig, dataset: str, prompts: Sequence[Prompt]) -> None:
+    """Refuse prompts the model cannot read (:meth:`ModelAdapter.caption_problem`: the toy's word vocabulary) before
+    it loads, naming the first, how many there are, what the model reads and the dataset to use instead."""
+    cls = adapter_class(model)
+    problems = [(p, problem) for p in prompts if (problem := cls.caption_problem(p.text)) is not None]
+    if problems:
+        first, problem = problems[0]
+        raise ConfigError(f"dataset={dataset} prompt {first.prompt_id} {problem} ({len(problems)} of {len(prompts)} "
+                          f"prompts cannot be read): model={model.name} reads {cls.reads}")
 
 
 def move_deprecated_keys(cfg: DictConfig) -> list[str]:

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import socket
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TypeVar
+from typing import Any, TypeVar
 from urllib.parse import urlparse
 
 from huggingface_hub import constants
@@ -89,3 +90,38 @@ def load_local_first(load: Callable[[], T], missing: tuple[type[Exception], ...]
         if not hub_reachable():
             raise
     return load()
+
+
+def without_progress_bar(factory: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """transformers' tqdm hook: its own bars (the "Loading weights" bar of every model load) are created disabled.
+
+    Only bars transformers makes through ``transformers.utils.logging.tqdm`` pass here: the engine's and the
+    evaluation's bars, and the hub client's download bars, are plain tqdm and stay.
+    """
+    return factory(*args, **{**kwargs, "disable": True})
+
+
+def without_loading_bars() -> None:
+    """Install :func:`without_progress_bar` (process-wide): every model load, ``run.py``'s and the notebook API's
+    (:func:`csd.config.build_adapter`), prints no "Loading weights" bar."""
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.set_tqdm_hook(without_progress_bar)
+
+
+def model_files_present(path: str) -> bool:
+    """Whether a loader would find a model at ``path`` (a local directory, or a hub id ``org/name``), asked without
+    loading or downloading anything: a directory; a hub id whose snapshot (its ``config.json``) is in the local cache;
+    any hub id while the hub is reachable (:func:`hub_reachable`: the loader downloads it)."""
+    if os.path.isdir(os.path.expanduser(path)):
+        return True
+    if path.startswith(("/", ".", "~")) or path.count("/") != 1:  # a local path that is not there
+        return False
+    from huggingface_hub import try_to_load_from_cache
+    from huggingface_hub.errors import HFValidationError
+
+    try:
+        cached = try_to_load_from_cache(path, "config.json")
+    except HFValidationError:  # not a valid hub id either
+        return False
+    return isinstance(cached, str) or hub_reachable()

@@ -98,13 +98,43 @@ def current_fingerprint_names(keys: dict[str, Any]) -> dict[str, Any]:
     return {f"method.{renamed.get(k[7:], k[7:])}" if k.startswith("method.") else k: v for k, v in keys.items()}
 
 
+#: how to recover each JSON file of a run directory when it is unreadable (a run.json is rewritten only by a generate
+#: pass that has images left to make)
+RUN_FILE_FIXES = {
+    "run.json": "restore it from a copy, or generate the run again into a new run_dir",
+    FINGERPRINT_FILE: "delete it: a resume rebuilds it from the run's config.yaml",
+    SHARDS_FILE: "delete it: the next shard to start writes it again",
+}
+
+
+def read_run_file(path: Path) -> Any:
+    """A JSON file of a run directory (:data:`RUN_FILE_FIXES`); an unreadable one is a :class:`ConfigError` naming the
+    file, where it breaks and how to recover."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as err:  # JSONDecodeError, UnicodeDecodeError
+        where = f": line {err.lineno} column {err.colno}" if isinstance(err, json.JSONDecodeError) else ""
+        fix = RUN_FILE_FIXES.get(path.name, "restore it from a copy")
+        if path.name == FINGERPRINT_FILE and not (path.parent / "config.yaml").exists():
+            fix = f"restore it from a copy, or use a new run_dir ({path.parent} has no config.yaml to rebuild it from)"
+        raise ConfigError(f"{path} is not valid JSON ({err.msg if where else err}{where}); {fix}") from None
+
+
+def check_run_files(run_dir: Path) -> None:
+    """Every JSON file of :data:`RUN_FILE_FIXES` that ``run_dir`` holds is readable (:func:`read_run_file`): checked
+    before a stage that resumes or reads the run loads a model."""
+    for name in RUN_FILE_FIXES:
+        if (run_dir / name).is_file():
+            read_run_file(run_dir / name)
+
+
 def stored_fingerprint(run_dir: Path, new: dict[str, Any]) -> dict[str, Any] | None:
     """The directory's fingerprint: ``fingerprint.json``, else derived from an older run's ``config.yaml``
     (keys of :data:`ADDED_KEYS` that it lacks and the ``new`` fingerprint has take their implicit value)."""
     added = {k: v for k, v in ADDED_KEYS.items() if k in new}
     path = run_dir / FINGERPRINT_FILE
     if path.exists():
-        return {**added, **current_fingerprint_names(json.loads(path.read_text())["keys"])}
+        return {**added, **current_fingerprint_names(read_run_file(path)["keys"])}
     config = run_dir / "config.yaml"
     if config.exists():
         old = OmegaConf.load(config)
@@ -168,7 +198,7 @@ def check_shards(run_dir: Path, cfg: DictConfig, prompts: list[Prompt]) -> None:
             path.unlink()
             raise ConfigError(f"dataset.num_shards={n}, but {run_dir} holds {', '.join(others)}; use the num_shards it was made with")
         return
-    old = json.loads(path.read_text())
+    old = read_run_file(path)
     if old["num_shards"] != n:
         raise ConfigError(f"dataset.num_shards={n}, but {run_dir} is split into {old['num_shards']} shards; use dataset.num_shards={old['num_shards']}")
     if old != new:
@@ -180,7 +210,7 @@ def check_shards(run_dir: Path, cfg: DictConfig, prompts: list[Prompt]) -> None:
 def expected_images(run_dir: Path, n_images: int) -> dict[str, int]:
     """Records file -> images it should hold when the run is complete (``shards.json``, else run.json's count)."""
     path = run_dir / SHARDS_FILE
-    return json.loads(path.read_text())["totals"] if path.exists() else {RECORDS_FILE: n_images}
+    return read_run_file(path)["totals"] if path.exists() else {RECORDS_FILE: n_images}
 
 
 def shard_progress(run_dir: Path, info: dict[str, Any]) -> dict[str, tuple[int, int]]:

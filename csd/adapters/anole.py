@@ -21,8 +21,13 @@ from typing import Any
 
 import torch
 
-from csd.adapters.base import BodyLayout
-from csd.adapters.lumina import ChameleonAdapter, load_chameleon_adapter, tiny_chameleon_adapter
+from csd.adapters.base import BodyLayout, checks_weights
+from csd.adapters.lumina import (
+    ChameleonAdapter,
+    check_chameleon_files,
+    load_chameleon_adapter,
+    tiny_chameleon_adapter,
+)
 
 #: Anole's image grid: 1024 tokens decoded as 32 x 32 (GAIR-NLP/anole ``chameleon/inference/image_tokenizer.py``)
 ANOLE_GRID = (32, 32)
@@ -33,6 +38,8 @@ ANOLE_VQGAN_SOURCE = (
     "Download them with `hf download GAIR/Anole-7b-v0.1 --include 'tokenizer/*' --local-dir <dir>` and set "
     "model.vqgan_config=<dir>/tokenizer/vqgan.yaml model.vqgan_ckpt=<dir>/tokenizer/vqgan.ckpt."
 )
+#: load_chameleon_adapter's names of Anole: the family, its hub repository, where its VQGAN files come from
+ANOLE_NAMES = ("Anole", ANOLE_HUB, ANOLE_VQGAN_SOURCE)
 
 
 def anole_layout(rows: int, cols: int, jacobi_tail: int) -> BodyLayout:
@@ -55,12 +62,18 @@ class AnoleAdapter(ChameleonAdapter):
         return self.bpe_to_code[ids.view(-1, self.rows, self.cols)]
 
 
+def check_anole_files(path: str, vqgan_config: str, vqgan_ckpt: str, **_: object) -> None:
+    """:func:`load_anole_adapter`'s weights check (``csd.adapters.base.checks_weights``)."""
+    check_chameleon_files(path, vqgan_config, vqgan_ckpt, ANOLE_NAMES)
+
+
+@checks_weights(check_anole_files)
 def load_anole_adapter(path: str, vqgan_config: str, vqgan_ckpt: str, **params: Any) -> AnoleAdapter:
     """Anole-7B (``leloy/Anole-7b-v0.1-hf``) plus Meta's VQGAN decoder (from ``GAIR/Anole-7b-v0.1``), 512 px; the
     other keys are ``csd.adapters.lumina.load_chameleon_adapter``'s (CFG 3, top-k 2000, temperature 1, bf16, no
     plain-AR tail by default)."""
-    names = ("Anole", ANOLE_HUB, ANOLE_VQGAN_SOURCE)
-    return load_chameleon_adapter(AnoleAdapter, path, vqgan_config, vqgan_ckpt, lambda _: ANOLE_GRID, names, **params)
+    return load_chameleon_adapter(AnoleAdapter, path, vqgan_config, vqgan_ckpt, lambda _: ANOLE_GRID, ANOLE_NAMES,
+                                  **params)
 
 
 def tiny_anole_adapter(**params: Any) -> AnoleAdapter:

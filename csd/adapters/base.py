@@ -29,12 +29,14 @@ from __future__ import annotations
 
 import dataclasses
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
+L = TypeVar("L", bound=Callable[..., Any])
 
 @dataclass(frozen=True)
 class EntropyTemperature:
@@ -121,6 +123,15 @@ class ModelAdapter(ABC):
     #: the shipped EAGLE head file (``drafter=eagle``'s default ``drafter.head``), None: none shipped
     eagle_head: Path | None = None
 
+    #: the captions the model reads, for a message refusing another (None: any text; see :meth:`caption_problem`)
+    reads: str | None = None
+
+    @classmethod
+    def caption_problem(cls, caption: str) -> str | None:
+        """Why the model cannot read ``caption`` (e.g. ``"has 2 unknown words ('apple', 'table')"``), None if it can;
+        known before any weight loads, so prompts are refused where they are loaded (the toy's word vocabulary)."""
+        return None
+
     @property
     def uses_cfg(self) -> bool:
         return self.sampling.guidance_scale != 1.0
@@ -204,3 +215,18 @@ def to_uint8(images: torch.Tensor) -> torch.Tensor:
 
 class MissingWeightsError(FileNotFoundError):
     """Raised (with an actionable message) when a model's files are not available offline."""
+
+
+#: a loader's ``_target_`` (``module.function``) -> its weights check: called with the loader's config values, it
+#: raises the :class:`MissingWeightsError` the loader would, without loading anything (``csd.config.check_weights``)
+WEIGHTS_CHECKS: dict[str, Callable[..., None]] = {}
+
+
+def checks_weights(check: Callable[..., None]) -> Callable[[L], L]:
+    """Register ``check`` as the weights check of the decorated loader (:data:`WEIGHTS_CHECKS`): a run refuses missing
+    files before anything is created or launched, a multirun for every job before the first starts."""
+    def register(loader: L) -> L:
+        WEIGHTS_CHECKS[f"{loader.__module__}.{loader.__name__}"] = check
+        return loader
+
+    return register

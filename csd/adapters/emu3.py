@@ -22,8 +22,8 @@ from collections.abc import Callable
 import torch
 from transformers import Emu3Config, Emu3ForConditionalGeneration
 
-from csd.adapters.base import BodyLayout, SamplingConfig, resolve_dtype, to_uint8
-from csd.adapters.lumina import CFGRowsAdapter, _local_dir
+from csd.adapters.base import BodyLayout, SamplingConfig, checks_weights, resolve_dtype, to_uint8
+from csd.adapters.lumina import CFGRowsAdapter, _local_dir, check_model_dir
 
 PromptEncoder = Callable[[str], torch.Tensor]
 
@@ -92,6 +92,16 @@ class Emu3Adapter(CFGRowsAdapter):
 # --------------------------------------------------------------------------------------------- loaders
 
 
+#: Emu3-Gen's name and hub repository, for its missing-files error
+EMU3_NAMES = ("Emu3-Gen", "BAAI/Emu3-Gen-hf")
+
+
+def check_emu3_files(path: str, **_: object) -> None:
+    """:func:`load_emu3_adapter`'s weights check (``csd.adapters.base.checks_weights``)."""
+    check_model_dir(path, *EMU3_NAMES)
+
+
+@checks_weights(check_emu3_files)
 def load_emu3_adapter(
     path: str,
     guidance_scale: float = 3.0,
@@ -109,7 +119,7 @@ def load_emu3_adapter(
     """Emu3-Gen (``BAAI/Emu3-Gen-hf``) from a hub id or local directory; ``image_area`` 518400 = 720x720 px."""
     from transformers import Emu3Processor
 
-    model_dir = _local_dir(path, "Emu3-Gen", "BAAI/Emu3-Gen-hf")
+    model_dir = _local_dir(path, *EMU3_NAMES)
     processor = Emu3Processor.from_pretrained(model_dir)
     model = Emu3ForConditionalGeneration.from_pretrained(model_dir, dtype=resolve_dtype(dtype))
     tok = processor.tokenizer

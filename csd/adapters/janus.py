@@ -22,10 +22,11 @@ from csd.adapters.base import (
     MissingWeightsError,
     ModelAdapter,
     SamplingConfig,
+    checks_weights,
     resolve_dtype,
     to_uint8,
 )
-from csd.hub import download_command, load_local_first
+from csd.hub import download_command, load_local_first, model_files_present
 from csd.ragged import RaggedCache
 
 PromptEncoder = Callable[[str], torch.Tensor]
@@ -109,6 +110,22 @@ class JanusAdapter(ModelAdapter):
 
 
 
+def janus_missing(path: str) -> MissingWeightsError:
+    """The error of a Janus-Pro checkpoint that is not at ``path`` (a hub id or a local directory)."""
+    hub_id = path if "/" in path and not os.path.isabs(path) else "deepseek-community/Janus-Pro-7B"
+    return MissingWeightsError(
+        f"Janus-Pro files not found at {path!r}. Download them with `{download_command(hub_id)}` and set "
+        "model.path=<dir> (or run without HF_HUB_OFFLINE on a machine that reaches the Hugging Face hub)."
+    )
+
+
+def check_janus_files(path: str, **_: object) -> None:
+    """:func:`load_janus_adapter`'s weights check (``csd.adapters.base.checks_weights``)."""
+    if not model_files_present(path):
+        raise janus_missing(path)
+
+
+@checks_weights(check_janus_files)
 def load_janus_adapter(
     path: str,
     guidance_scale: float = 5.0,
@@ -123,11 +140,7 @@ def load_janus_adapter(
     for latency benchmarks; needs only the config)."""
     from transformers import JanusProcessor
 
-    hub_id = path if "/" in path and not os.path.isabs(path) else "deepseek-community/Janus-Pro-7B"
-    missing = MissingWeightsError(
-        f"Janus-Pro files not found at {path!r}. Download them with `{download_command(hub_id)}` and set "
-        "model.path=<dir> (or run without HF_HUB_OFFLINE on a machine that reaches the Hugging Face hub)."
-    )
+    missing = janus_missing(path)
     if path.startswith(("/", ".", "~")) and not os.path.isdir(os.path.expanduser(path)):
         raise missing
 

@@ -29,12 +29,13 @@ from csd.adapters.base import (
     MissingWeightsError,
     ModelAdapter,
     SamplingConfig,
+    checks_weights,
     resolve_dtype,
     to_uint8,
 )
 from csd.adapters.llamagen_gpt import LlamaGenConfig, LlamaGenGPT, checkpoint_state
 from csd.adapters.vqgan import read_state_dict
-from csd.hub import load_local_first
+from csd.hub import load_local_first, model_files_present
 
 #: caption features per prompt (``--t5-feature-max-len``) and their width (flan-t5-xl's ``d_model``)
 CAPTION_TOKENS, CAPTION_DIM = 120, 2048
@@ -184,6 +185,14 @@ def caption_encoder(tokenize: Callable[[str], list[int]], t5: torch.nn.Module, p
     return encode
 
 
+def t5_missing(path: str) -> MissingWeightsError:
+    """The error of a flan-t5-xl that is not at ``path`` (``model.t5``)."""
+    return MissingWeightsError(
+        f"flan-t5-xl not found at {path!r}. Download it with `hf download {T5_REPO} --local-dir <dir>` and set "
+        "model.t5=<dir>."
+    )
+
+
 def load_flan_t5(path: str, dtype: torch.dtype, device: str) -> CaptionEncoder:
     """flan-t5-xl's tokenizer and encoder (transformers' ``T5EncoderModel``) from a hub id or a local directory."""
     from transformers import AutoTokenizer, T5EncoderModel
@@ -194,10 +203,7 @@ def load_flan_t5(path: str, dtype: torch.dtype, device: str) -> CaptionEncoder:
     try:
         tokenizer, t5 = load_local_first(load)
     except (OSError, ValueError) as err:
-        raise MissingWeightsError(
-            f"flan-t5-xl not found at {path!r}. Download it with `hf download {T5_REPO} --local-dir <dir>` and set "
-            "model.t5=<dir>."
-        ) from err
+        raise t5_missing(path) from err
 
     def tokenize(text: str) -> list[int]:
         return tokenizer(text, max_length=CAPTION_TOKENS, truncation=True, add_special_tokens=True)["input_ids"]
@@ -241,6 +247,23 @@ def require_files(files: dict[str, str], repos: dict[str, str]) -> None:
             )
 
 
+def llamagen_files(kind: str, path: str, gpt_ckpt: str, vq_ckpt: str) -> tuple[str, str]:
+    """The GPT and VQ checkpoint paths of ``model.path`` / ``model.gpt_ckpt`` / ``model.vq_ckpt``."""
+    gpt_file, vq_file = (os.path.join(os.path.expanduser(path), f) for f in (gpt_ckpt, vq_ckpt))
+    repo = T2I_REPO if kind == "t2i" else C2I_REPO
+    require_files({"gpt_ckpt": gpt_file, "vq_ckpt": vq_file}, {"gpt_ckpt": repo, "vq_ckpt": repo})
+    return gpt_file, vq_file
+
+
+def check_llamagen_files(kind: str, path: str, gpt_ckpt: str, vq_ckpt: str, t5: str = T5_REPO, **_: object) -> None:
+    """:func:`load_llamagen_adapter`'s weights check (``csd.adapters.base.checks_weights``): the two checkpoints and,
+    text-to-image, flan-t5-xl."""
+    llamagen_files(kind, path, gpt_ckpt, vq_ckpt)
+    if kind == "t2i" and not model_files_present(t5):
+        raise t5_missing(t5)
+
+
+@checks_weights(check_llamagen_files)
 def load_llamagen_adapter(kind: str, gpt_model: str, image_size: int, path: str, gpt_ckpt: str, vq_ckpt: str,
                           t5: str = T5_REPO, guidance_scale: float = 1.0, top_k: int | None = None,
                           temperature: float = 1.0, dtype: str = "bfloat16", device: str = "cpu",
@@ -251,9 +274,7 @@ def load_llamagen_adapter(kind: str, gpt_model: str, image_size: int, path: str,
         raise ValueError(f"model.gpt_model={gpt_model!r}: choose one of {sorted(GPT_SHAPES)}")
     if image_size % 16:
         raise ValueError(f"model.image_size={image_size} must be a multiple of 16 (VQ16)")
-    gpt_file, vq_file = (os.path.join(os.path.expanduser(path), f) for f in (gpt_ckpt, vq_ckpt))
-    repo = T2I_REPO if kind == "t2i" else C2I_REPO
-    require_files({"gpt_ckpt": gpt_file, "vq_ckpt": vq_file}, {"gpt_ckpt": repo, "vq_ckpt": repo})
+    gpt_file, vq_file = llamagen_files(kind, path, gpt_ckpt, vq_ckpt)
     layers, heads, width = GPT_SHAPES[gpt_model]
     grid = image_size // 16
     config = LlamaGenConfig(model_type=kind, hidden_size=width, num_hidden_layers=layers, num_attention_heads=heads,

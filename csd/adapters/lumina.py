@@ -40,15 +40,23 @@ import torch
 from torch import nn
 from transformers import ChameleonConfig, ChameleonForConditionalGeneration, PreTrainedModel
 
-from csd.adapters.base import BodyLayout, MissingWeightsError, ModelAdapter, SamplingConfig, resolve_dtype
+from csd.adapters.base import (
+    BodyLayout,
+    MissingWeightsError,
+    ModelAdapter,
+    SamplingConfig,
+    checks_weights,
+    resolve_dtype,
+)
 from csd.adapters.vqgan import (
     META_VQGAN_SOURCE,
     VQGANConfig,
     VQGANDecoder,
+    check_vqgan_files,
     codes_from_rows,
     load_vqgan_decoder,
 )
-from csd.hub import download_command, load_local_first
+from csd.hub import download_command, load_local_first, model_files_present
 from csd.ragged import RaggedCache
 
 TextEncoder = Callable[[str], torch.Tensor]
@@ -251,6 +259,19 @@ def expand_qk_norms(model: ChameleonForConditionalGeneration, stored: dict[str, 
     return sorted(stored)
 
 
+def model_dir_missing(path: str, what: str, hub_hint: str) -> MissingWeightsError:
+    """The error of a ``what`` checkpoint (hub repository ``hub_hint``) that is not at ``path``."""
+    return MissingWeightsError(
+        f"{what} files not found at {path!r}. Download them with `{download_command(hub_hint)}` and set model.path=<dir>."
+    )
+
+
+def check_model_dir(path: str, what: str, hub_hint: str) -> None:
+    """:func:`_local_dir`'s error, without downloading anything (``csd.hub.model_files_present``)."""
+    if not model_files_present(path):
+        raise model_dir_missing(path, what, hub_hint)
+
+
 def _local_dir(path: str, what: str, hub_hint: str) -> str:
     """A local snapshot directory for ``path`` (a directory or a hub id), else MissingWeightsError."""
     if os.path.isdir(path):
@@ -260,10 +281,7 @@ def _local_dir(path: str, what: str, hub_hint: str) -> str:
     try:
         return load_local_first(lambda: snapshot_download(path))
     except Exception as err:  # every hub failure means the same thing to the user: the files are not here
-        raise MissingWeightsError(
-            f"{what} files not found at {path!r}. Download them with `{download_command(hub_hint)}` "
-            "and set model.path=<dir>."
-        ) from err
+        raise model_dir_missing(path, what, hub_hint) from err
 
 
 def load_chameleon(
@@ -324,6 +342,24 @@ def load_chameleon_adapter(
     return cls(model, encode, tokens, vqgan, grid(vqgan.config.downsample), sampling, jacobi_tail)
 
 
+def check_chameleon_files(path: str, vqgan_config: str, vqgan_ckpt: str, names: tuple[str, str, str]) -> None:
+    """:func:`load_chameleon_adapter`'s missing-files errors (``names`` as there), without loading anything."""
+    what, hub_hint, vqgan_source = names
+    check_vqgan_files(vqgan_config, vqgan_ckpt, vqgan_source)
+    check_model_dir(path, what, hub_hint)
+
+
+def lumina_names(resolution: int) -> tuple[str, str, str]:
+    """:func:`load_chameleon_adapter`'s ``names`` of Lumina-mGPT at ``resolution``."""
+    return "Lumina-mGPT", f"Alpha-VLLM/Lumina-mGPT-7B-{resolution}", META_VQGAN_SOURCE
+
+
+def check_lumina_files(path: str, vqgan_config: str, vqgan_ckpt: str, resolution: int = 768, **_: object) -> None:
+    """:func:`load_lumina_adapter`'s weights check (``csd.adapters.base.checks_weights``)."""
+    check_chameleon_files(path, vqgan_config, vqgan_ckpt, lumina_names(resolution))
+
+
+@checks_weights(check_lumina_files)
 def load_lumina_adapter(path: str, vqgan_config: str, vqgan_ckpt: str, resolution: int = 768, jacobi_tail: int = 10,
                         **params: Any) -> LuminaAdapter:
     """Lumina-mGPT 7B (``Alpha-VLLM/Lumina-mGPT-7B-{512,768,1024}``) plus Meta's VQGAN decoder; the other keys are
@@ -331,9 +367,8 @@ def load_lumina_adapter(path: str, vqgan_config: str, vqgan_ckpt: str, resolutio
 
     ``resolution`` must match the checkpoint (square images, ``resolution // 16`` tokens a side).
     """
-    names = ("Lumina-mGPT", f"Alpha-VLLM/Lumina-mGPT-7B-{resolution}", META_VQGAN_SOURCE)
     return load_chameleon_adapter(LuminaAdapter, path, vqgan_config, vqgan_ckpt, lambda px: (resolution // px,) * 2,
-                                  names, jacobi_tail=jacobi_tail, **params)
+                                  lumina_names(resolution), jacobi_tail=jacobi_tail, **params)
 
 
 # ------------------------------------------------------------------------------------ tiny test model

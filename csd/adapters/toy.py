@@ -15,7 +15,7 @@ from csd.ragged import RaggedCache
 from csd.toy import EAGLE_HEAD_FILE, LM_DIR, TOKENIZER_FILE
 from csd.toy.model import load_toy_lm
 from csd.toy.tokenizer import GRID, PatchTokenizer
-from csd.toy.vocab import N_TEXT, encode_caption
+from csd.toy.vocab import N_TEXT, READS, caption_problem, encode_caption
 
 #: the strongest guidance whose checker pass rate on 64 held-out prompts ties the best (no CFG,
 #: within noise); stronger guidance makes the toy model draw extra objects (csd/toy/MODEL_CARD.md)
@@ -27,6 +27,11 @@ class ToyAdapter(ModelAdapter):
 
     compilable = True
     eagle_head = EAGLE_HEAD_FILE
+    reads = READS
+
+    @classmethod
+    def caption_problem(cls, caption: str) -> str | None:
+        return caption_problem(caption)
 
     def __init__(self, lm: LlamaForCausalLM, tokenizer: PatchTokenizer, sampling: SamplingConfig,
                  device: str | torch.device = "cpu") -> None:

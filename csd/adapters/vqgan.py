@@ -229,15 +229,21 @@ META_VQGAN_SOURCE = (
 )
 
 
+def check_vqgan_files(config_path: str, ckpt_path: str, source: str = META_VQGAN_SOURCE) -> None:
+    """A ``MissingWeightsError`` naming the first of ``vqgan.yaml`` / ``vqgan.ckpt`` that is not a file, then ``source``
+    (how to get the files)."""
+    for what, path in (("vqgan.yaml", config_path), ("vqgan.ckpt", ckpt_path)):
+        if not path or not os.path.isfile(path):
+            raise MissingWeightsError(f"Chameleon VQGAN {what} not found at {path!r}. {source}")
+
+
 def load_vqgan_decoder(
     config_path: str, ckpt_path: str, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
     source: str = META_VQGAN_SOURCE,
 ) -> VQGANDecoder:
     """Build the decoder from ``vqgan.yaml`` and load the decoder-side keys of ``vqgan.ckpt`` (strict); a missing
     file raises ``MissingWeightsError`` naming it, then ``source`` (how to get the files)."""
-    for what, path in (("vqgan.yaml", config_path), ("vqgan.ckpt", ckpt_path)):
-        if not path or not os.path.isfile(path):
-            raise MissingWeightsError(f"Chameleon VQGAN {what} not found at {path!r}. {source}")
+    check_vqgan_files(config_path, ckpt_path, source)
     decoder = VQGANDecoder(VQGANConfig.from_yaml(config_path))
     state = {k: v for k, v in read_state_dict(ckpt_path).items() if k.startswith(VQGAN_PREFIXES)}
     decoder.load_state_dict(state, strict=True)

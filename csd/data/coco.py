@@ -90,7 +90,7 @@ def coco2017_prompts(
     """
     if caption_rule not in CAPTION_RULES:
         raise ConfigError(f"dataset.caption_rule={caption_rule!r} must be one of {sorted(CAPTION_RULES)}")
-    path = require_file(annotations, "COCO captions file (captions_val2017.json)")
+    path = require_file(annotations, "COCO captions file (captions_val2017.json)", "dataset.annotations")
     data = read_json(path)
     _check_entries(data, "images", path, (("id", int),))
     _check_entries(data, "annotations", path, (("id", int), ("image_id", int), ("caption", str)))

@@ -15,12 +15,15 @@ class MissingDataError(FileNotFoundError):
     """A benchmark file is missing; the message names the command that fetches it."""
 
 
-def require_file(path: str | Path, what: str) -> Path:
-    """Return ``path`` if it exists, else raise :class:`MissingDataError` naming the download step."""
+def require_file(path: str | Path, what: str, key: str) -> Path:
+    """Return ``path`` if it is a file; else raise :class:`MissingDataError` naming the download step (missing) or
+    :class:`DatasetFileError` (a directory; ``key``: the config key that named it)."""
     p = Path(path).expanduser()
     if not p.exists():
         raise MissingDataError(f"{what} not found at '{p}'. Fetch it with `{DOWNLOAD_HINT}` (needs internet) "
                                "or point the config at your copy.")
+    if p.is_dir():
+        raise DatasetFileError(f"{key}={path} is a directory; give the path of the {what}")
     return p
 
 

@@ -19,7 +19,7 @@ def geneval_prompts(metadata: str | Path, n_prompts: int | None = None, **_: obj
     ``meta`` holds ``index`` and the untouched metadata line (``tag``, ``include``, ``exclude``,
     ``prompt``) under ``geneval``, which :func:`export_geneval` writes back out.
     """
-    path = require_file(metadata, "GenEval metadata (evaluation_metadata.jsonl)")
+    path = require_file(metadata, "GenEval metadata (evaluation_metadata.jsonl)", "dataset.metadata")
     prompts = []
     with open(path, encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):

@@ -25,6 +25,7 @@ nodes with a tree mask over the head's draft entries) and verified by recursive 
 from __future__ import annotations
 
 import functools
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -114,6 +115,15 @@ def save_head(head: EagleHead, path: str | Path, meta: dict[str, Any]) -> None:
     sizes = {key: getattr(head.config, key) for key in HEAD_SIZES}
     state = {k: v.detach().float().cpu() for k, v in head.state_dict().items()}
     torch.save({"sizes": sizes, "state": state, "meta": meta}, path)
+
+
+def is_torch_archive(path: str | Path) -> bool:
+    """Whether ``path`` is a file :func:`torch.save` wrote (a zip archive with its pickle, ``<name>/data.pkl``): read from
+    the archive's directory only, so a text file or a truncated download is refused before any model loads."""
+    if not zipfile.is_zipfile(path):
+        return False
+    with zipfile.ZipFile(path) as archive:
+        return any(name.endswith("/data.pkl") for name in archive.namelist())
 
 
 def load_head(path: str | Path, adapter: ModelAdapter) -> EagleHead:
@@ -212,6 +222,9 @@ class EagleDrafter(ChainDrafter):
                              "(docs/DRAFT_HEADS.md), or leave drafter.head=null for model=toy's shipped head")
         if self.head is not None and is_lantern(self.head):
             lantern_kind(self.head)
+        elif self.head is not None and not is_torch_archive(self.head):
+            raise ValueError(f"drafter.head={self.head} is not a head file (torch.save's zip archive, as "
+                             f"experiments/train_drafter.py writes) nor a LANTERN drafter's folder; {TRAIN_HINT}")
 
     def params(self) -> dict[str, object]:
         """The drafting settings recorded with every image; ``tree=chain`` is left out, so that chain runs keep the

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from omegaconf import OmegaConf
 
 from csd import Decoder
-from csd.config import ConfigError
+from csd.config import CONF_DIR, ConfigError
 
 
 def test_decoder_generates_and_switches_methods():
@@ -20,3 +21,32 @@ def test_decoder_generates_and_switches_methods():
 def test_decoder_validates_before_loading():
     with pytest.raises(ConfigError, match="lam"):
         Decoder(model="janus_pro_7b", method="csd", **{"method.lam": -1})
+
+
+@pytest.fixture(scope="module")
+def toy_decoder() -> tuple[Decoder, str]:
+    """``Decoder()`` (run.py's default model), and what its construction wrote to stderr."""
+    import io
+    from contextlib import redirect_stderr
+
+    err = io.StringIO()
+    with redirect_stderr(err):
+        dec = Decoder()
+    return dec, err.getvalue()
+
+
+def test_decoder_defaults_to_run_py_model_without_a_loading_bar(toy_decoder):
+    dec, stderr = toy_decoder
+    defaults = OmegaConf.load(CONF_DIR / "config.yaml").defaults
+    assert dec.cfg.model.name == next(entry["model"] for entry in defaults if "model" in entry) == "toy"
+    assert "Loading weights" not in stderr and "%|" not in stderr  # transformers' bar, silenced as in run.py
+
+
+def test_toy_refuses_words_outside_its_vocabulary_before_decoding(toy_decoder, monkeypatch):
+    dec, _ = toy_decoder
+    monkeypatch.setattr(dec.engine, "generate", lambda *a, **k: pytest.fail("decoding started"))
+    with pytest.raises(ConfigError, match=r"prompt 'a red apple on a table' has 2 unknown words \('apple', 'table'\): "
+                                          r"model=toy reads only the 26 words .*use dataset=toy"):
+        dec.generate("a red apple on a table")
+    with pytest.raises(ConfigError, match="prompt '  ' is empty"):
+        dec.generate("  ")

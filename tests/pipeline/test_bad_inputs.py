@@ -11,6 +11,7 @@ killed process, not as a machine out of memory).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import resource
@@ -49,14 +50,47 @@ def case(*args: str, says: str, setup: Callable[[Path], None] | None = None) -> 
     return Case(args, says, setup)
 
 
+def text_file(where: Path) -> None:
+    (where / "head.pt").write_text("not a checkpoint\n")
+
+
+def fake_run(where: Path) -> Path:
+    """A generated toy run's files, as far as the stages read them before decoding: config, run.json, a record."""
+    run = where / "run"
+    run.mkdir()
+    (run / "run.json").write_text(json.dumps({"method": "csd", "model": "toy", "dataset": "toy", "seed": 0,
+                                              "n_images": 1, "method_params": {}}))
+    (run / "records.jsonl").write_text(json.dumps({"prompt_id": "toy-0000", "sample": 0, "image": "x.png"}) + "\n")
+    (run / "config.yaml").write_text("seed: 0\n")
+    return run
+
+
+def corrupt_run_json(where: Path) -> None:
+    (fake_run(where) / "run.json").write_text('{"method": "cs')
+
+
+def corrupt_fingerprint(where: Path) -> None:
+    (fake_run(where) / "fingerprint.json").write_text('{"sha256": ')
+
+
+def coco_captions(where: Path) -> None:
+    annotations = [{"id": 10, "image_id": 1, "caption": "a red apple"}, {"id": 11, "image_id": 2, "caption": "  "}]
+    data = {"images": [{"id": 1}, {"id": 2}], "annotations": annotations}
+    (where / "captions.json").write_text(json.dumps(data))
+
+
+def unicode_geneval(where: Path) -> None:
+    (where / "meta.jsonl").write_text(json.dumps({"prompt": "un café rouge"}, ensure_ascii=False) + "\n")
+
+
 CASES: list[Case] = [
     # --- typos and unknown names ---
     case("methd=csd", says="methd"),
     case("method=nope", says="nope"),
     case("method.lamda=0.3", says="method.lamda"),
     # --- Hydra's grammar: one line, not its multi-line report ---
-    case("method.lam", says="method.lam"),
-    case("hydra.foo=1", says="hydra.foo"),
+    case("method.lam", says=r"method.lam: .*write method.lam=<value>"),
+    case("hydra.foo=1", says=r"hydra.foo is not a Hydra setting"),
     # --- types and ranges ---
     case("method.lam=abc", says="method.lam='abc' must be a finite number >= 0"),
     case("seed=abc", says="seed='abc' must be an integer >= 0"),
@@ -70,12 +104,30 @@ CASES: list[Case] = [
     # --- silent inputs: accepted before, refused now ---
 
     # --- tracebacks before: run files, weights, data paths ---
+    case("method=null", says=r"method=null.*choose one of \[.*'csd'"),
+    case("drafter=eagle", "drafter.head={dir}/head.pt", says=r"drafter.head=\S*head.pt is not .*torch.save", setup=text_file),
+    case("run_dir=/proc/x", says=r"run_dir=/proc/x: .*not writable"),
+    case("stage=evaluate", "run_dir={dir}/run", says=r"run.json is not valid JSON \(Unterminated string .*: line 1 column \d+\); "
+         r"restore it", setup=corrupt_run_json),
+    case("run_dir={dir}/run", says=r"fingerprint.json is not valid JSON.*delete it", setup=corrupt_fingerprint),
+    case("model=janus_pro_tiny", "dataset=coco2017", "dataset.annotations={dir}", says=r"dataset.annotations=\S+ is a directory"),
 
     # --- Hydra's and other verbose errors ---
+    case("method.lam=[1", says=r"method.lam=\[1: Hydra cannot parse it .*quote a value"),
+    case("hydra/launcher=slurm", says=r"hydra/launcher=slurm is not an option of hydra/launcher; choose one of .*'local_procs'"),
 
     # --- the toy's vocabulary and prompts ---
+    case("dataset=smoke", says=r"dataset=smoke prompt smoke-000 has \d+ unknown words \('apple', .*\(2 of 2 prompts "
+         r"cannot be read\): model=toy reads only the 26 words .*use dataset=toy"),
+    case("model=janus_pro_tiny", "dataset=coco2017", "dataset.annotations={dir}/captions.json",
+         "dataset.n_prompts=null", setup=coco_captions,
+         says=r"dataset=coco2017 prompt 11 \(index 1\) is empty: every prompt needs text"),
+    case("dataset=geneval", "dataset.metadata={dir}/meta.jsonl", setup=unicode_geneval,
+         says=r"dataset=geneval prompt 00000 has 3 unknown words \('un', 'café', 'rouge'\) \(1 of 1 prompts "
+         r"cannot be read\): model=toy reads only .*use dataset=toy"),
 
     # --- multiruns ---
+    case("model=janus_pro_1b", says=r"Janus-Pro files not found at 'deepseek-community/Janus-Pro-1B'"),
 
 ]
 
@@ -120,3 +172,21 @@ def test_audit_run_py(c: Case, tmp_path: Path) -> None:
     assert "Traceback" not in out.stderr
     assert re.search(c.says, lines[0]), lines[0]
     assert listing(tmp_path) == before, sorted(map(str, listing(tmp_path) - before))
+
+
+@pytest.mark.slow
+def test_multirun_without_weights_is_refused_before_any_job_or_directory(tmp_path: Path) -> None:
+    """A sweep is checked job by job before its launcher starts (csd.sweep), weights included: ``-m`` skips
+    :func:`preflight`, so this runs ``run.py`` as the audit does."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, str(ROOT / "run.py"), "-m", "method=sjd,csd", "model=janus_pro_1b"],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=AUDIT_SECONDS,
+                         preexec_fn=cap_memory)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert [line.split(":")[0] for line in lines] == ["error"] * 2, out.stderr[-2000:]
+    for num, method in enumerate(("sjd", "csd")):
+        assert lines[num].startswith(f"error: job #{num} (method={method} model=janus_pro_1b): Janus-Pro files not "
+                                     "found at 'deepseek-community/Janus-Pro-1B'")
+    assert "Launching" not in out.stdout + out.stderr
+    assert listing(tmp_path) == set()  # no sweep directory, no job directory

@@ -185,8 +185,8 @@ def test_ctrl_c_prints_what_was_saved_and_how_to_resume(tmp_path, monkeypatch, c
     except BaseException as err:
         stopped = err
     assert isinstance(stopped, SystemExit) and stopped.code == 130
-    assert capsys.readouterr().err == (
-        f"interrupted: 1 of 3 images saved in {tmp_path}; to resume, run the same command with hydra.run.dir={tmp_path}\n"
+    assert capsys.readouterr().err == (  # the run was given run_dir=, so the message names run_dir= (not hydra.run.dir)
+        f"interrupted: 1 of 3 images saved in {tmp_path}; to resume, run the same command with run_dir={tmp_path}\n"
     )
     assert len(load_records(tmp_path)) == 1 and not (tmp_path / LOCK_FILE).exists()
     monkeypatch.undo()

@@ -196,6 +196,13 @@ def test_the_launcher_presets_compose_without_slurm():
         assert f"\n{key}:" in preset
 
 
+def test_ctrl_c_names_the_directory_key_the_run_was_given(tmp_path):
+    cfg = OmegaConf.create({"stage": "generate", "run_dir": str(tmp_path), "dataset": {"num_shards": 1}})
+    for key in ("run_dir", "hydra.run.dir"):
+        assert interrupted_message(cfg, "", multirun=False, run_key=key) == (
+            f"finished images are kept in {tmp_path}; to resume, run the same command with {key}={tmp_path}")
+
+
 def test_ctrl_c_in_a_shard_says_how_to_resume_that_shard(tmp_path):
     cfg = OmegaConf.create({"stage": "generate", "run_dir": str(tmp_path), "dataset": {"num_shards": 4, "shard": 2}})
     assert interrupted_message(cfg, "3 of 9 images saved in x") == (

@@ -384,3 +384,23 @@ def test_a_compiled_cache_shorter_than_a_prompt_is_one_line_before_decoding(tmp_
                                           r"entries, the image's 64 and a window of 16\): set engine\.max_cache_len >= \d+"):
         generate_run(cfg)
     assert not (tmp_path / "records.jsonl").exists()
+
+
+def test_a_plan_needs_no_prompts_so_a_class_conditional_model_needs_no_class_ids(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cli.preflight(["stage=plan", "model=llamagen_c2i_b"])  # the default dataset holds captions: no prompts are read
+    with pytest.raises(ConfigError, match="use dataset=imagenet_classes"):
+        cli.preflight(["stage=generate", "model=llamagen_c2i_tiny"])
+
+
+def test_every_model_that_reads_files_has_a_weights_check():
+    """What makes a sweep refuse missing weights before its first job (csd.config.check_weights): every preset that
+    names files (``model.path``, a checkpoint) has its loader's check registered."""
+    from hydra.utils import get_method
+
+    from csd.adapters.base import WEIGHTS_CHECKS
+
+    for path in sorted((CONF_DIR / "model").glob("*.yaml")):
+        preset = OmegaConf.load(path)
+        get_method(preset._target_)
+        assert ("path" in preset) == (preset._target_ in WEIGHTS_CHECKS), path.name
