@@ -17,7 +17,17 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from omegaconf.errors import OmegaConfBaseException
 
 from csd.adapters.base import MissingWeightsError
-from csd.config import CONF_DIR, ConfigError, check_overrides, eval_metrics, load_prompts, validate
+from csd.config import (
+    CONF_DIR,
+    SCHEMA,
+    ConfigError,
+    build_drafter,
+    check_overrides,
+    eval_metrics,
+    load_prompts,
+    validate,
+)
+from csd.limits import caption_problem, config_problem
 from csd.lockfile import LockHeldError
 from csd.records import RecordsError
 from csd.schema import show
@@ -74,6 +84,10 @@ def check_dirs(stage: str, run_dir: str | None, sweep_dir: str | None, run_key: 
     does not exist yet. ``run_key`` names the key ``run_dir`` came from (``hydra.run.dir`` given instead).
     """
     given = {"run_dir": run_dir, "sweep_dir": sweep_dir}
+    for key, value in given.items():  # '' would be the current directory
+        message = SCHEMA[key].error(run_key if key == "run_dir" else key, value)
+        if message:
+            raise ConfigError(message)
     if stage in READS:
         key = next((k for k in READS[stage] if given[k]), None)
         if key is None:
@@ -122,8 +136,8 @@ def preflight(argv: Sequence[str]) -> None:
         raise ConfigError(" ".join(str(err).split())) from None
     hydra_dir = OmegaConf.to_container(cfg.hydra.run, resolve=False)["dir"]
     explicit = not str(hydra_dir).startswith("${csd_output_dir:")  # hydra.run.dir given: it is the run
-    run_dir = cfg.run_dir or (cfg.hydra.run.dir if explicit else None)
-    check_dirs(cfg.stage, run_dir, cfg.sweep_dir, "hydra.run.dir" if explicit and not cfg.run_dir else "run_dir")
+    run_dir = cfg.run_dir if cfg.run_dir is not None else (cfg.hydra.run.dir if explicit else None)
+    check_dirs(cfg.stage, run_dir, cfg.sweep_dir, "hydra.run.dir" if explicit and cfg.run_dir is None else "run_dir")
     with read_write(cfg), open_dict(cfg):
         del cfg["hydra"]
         cfg.run_dir = run_dir
@@ -181,14 +195,21 @@ def evaluated_run_config(cfg: DictConfig, overrides: Sequence[str]) -> DictConfi
 
 def check_inputs(cfg: DictConfig, overrides: Sequence[str]) -> None:
     """The checks of a run (or multirun job) beyond its config values (:func:`csd.config.validate`), still before
-    any model loads: the dataset holds ``dataset.n_prompts`` prompts; ``stage=evaluate`` reads a run that the
+    any model loads: the dataset holds ``dataset.n_prompts`` prompts, within the bounds that count the run's prompts and
+    their captions' length (:mod:`csd.limits`); ``stage=evaluate`` reads a run that the
     command line does not contradict (:func:`evaluated_run_config`); a stage that evaluates has metrics its model
     supports (:func:`csd.config.eval_metrics`), no published COCO protocol on a toy model and, with
     ``eval.strict=true``, every weights and data file its metrics read (:func:`csd.evaluation.metrics.check_files`).
     ``overrides``: the command line's, for the evaluate stage. Also run for every job of a multirun before the
     first starts (:mod:`csd.sweep`)."""
     if cfg.stage in ("generate", "all", "study"):
-        load_prompts(cfg.dataset)  # refuses more prompts than the dataset holds, naming its size
+        prompts = load_prompts(cfg.dataset)  # refuses more prompts than the dataset holds, naming its size
+        drafter = build_drafter(cfg.drafter)
+        files = [f"dataset.{key}={show(cfg.dataset[key])}" for key in ("metadata", "annotations") if key in cfg.dataset]
+        problem = (config_problem(cfg, drafter, len(prompts))
+                   or caption_problem(prompts, cfg.model, drafter, files[0] if files else f"dataset={cfg.dataset.name}"))
+        if problem:
+            raise ConfigError(problem)
     if cfg.stage == "evaluate":
         run_config = evaluated_run_config(cfg, overrides)
     elif cfg.stage == "all" and cfg.dataset.num_shards == 1:
