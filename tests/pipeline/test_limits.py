@@ -109,3 +109,18 @@ def test_a_key_given_twice_is_refused_whatever_its_kind(tmp_path: Path, monkeypa
         with pytest.raises(ConfigError, match=says):
             preflight(list(args))
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_prompts_file_larger_than_the_available_ram_is_refused_before_it_is_read(tmp_path: Path, monkeypatch) -> None:
+    from csd.data.coco import coco2017_prompts
+    from csd.data.files import DatasetFileError
+    from csd.data.geneval import geneval_prompts
+
+    (tmp_path / "meta.jsonl").write_text('{"prompt": "a photo of a cat"}\n')
+    (tmp_path / "captions.json").write_text('{"images": [], "annotations": []}')
+    assert [p.text for p in geneval_prompts(tmp_path / "meta.jsonl")] == ["a photo of a cat"]
+    monkeypatch.setattr("csd.plan.available_memory", lambda device: 16)
+    with pytest.raises(DatasetFileError, match=r"meta\.jsonl: 3.1e-08 GB, more than the 1.6e-08 GB of available RAM"):
+        geneval_prompts(tmp_path / "meta.jsonl")
+    with pytest.raises(DatasetFileError, match=r"captions\.json: .* GB, more than the 1.6e-08 GB of available RAM"):
+        coco2017_prompts(tmp_path / "captions.json")
