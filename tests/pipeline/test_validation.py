@@ -14,6 +14,7 @@ from omegaconf import OmegaConf, open_dict
 
 from csd import cli, config
 from csd.config import CONF_DIR, ConfigError, build_rule, choices, method_params, validate
+from csd.limits import usable_cores
 from tests.pipeline.test_config import make_cfg, run_cli
 
 #: the config groups whose every key must have a schema entry
@@ -190,7 +191,8 @@ def test_threads_are_set_before_any_stage(tmp_path, monkeypatch):
     assert make_cfg().threads == 1
     calls: list[int] = []
     monkeypatch.setattr(torch, "set_num_threads", calls.append)
-    for threads, expected in (("3", [3]), ("null", [])):
+    cores = usable_cores()  # more threads than cores are refused (csd.limits)
+    for threads, expected in ((str(cores), [cores]), ("null", [])):
         cfg = make_cfg(f"threads={threads}", "stage=evaluate")
         with open_dict(cfg):
             cfg.run_dir = str(tmp_path)  # not a run: the evaluate stage fails after the threads are set
