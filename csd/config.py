@@ -333,8 +333,8 @@ def close_names(name: str, known: Sequence[str]) -> str:
 def check_overrides(args: Sequence[str]) -> None:
     """Refuse a command-line override of a key or config group that does not exist, or a group option that does
     not, in one line with the closest known names, before Hydra composes anything (its own message suggests
-    ``+key=...``, which would add the typo as a new key); and a key given twice (Hydra keeps the last). ``+``/``++``/``~`` overrides, Hydra's own keys and
-    flags are left to Hydra, and so is anything it cannot parse."""
+    ``+key=...``, which would add the typo as a new key); and any key given twice (Hydra would keep the last).
+    ``+``/``++``/``~`` overrides, Hydra's own keys and flags are left to Hydra, and so is anything it cannot parse."""
     parser = OverridesParser.create()
     groups = config_groups()
     overrides = []
