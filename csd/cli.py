@@ -27,7 +27,7 @@ from csd.config import (
     load_prompts,
     validate,
 )
-from csd.limits import caption_problem, config_problem
+from csd.limits import caption_problem, config_problem, typed_window_problem
 from csd.lockfile import LockHeldError
 from csd.records import RecordsError
 from csd.schema import show
@@ -196,7 +196,7 @@ def evaluated_run_config(cfg: DictConfig, overrides: Sequence[str]) -> DictConfi
 def check_inputs(cfg: DictConfig, overrides: Sequence[str]) -> None:
     """The checks of a run (or multirun job) beyond its config values (:func:`csd.config.validate`), still before
     any model loads: the dataset holds ``dataset.n_prompts`` prompts, within the bounds that count the run's prompts and
-    their captions' length (:mod:`csd.limits`); ``stage=evaluate`` reads a run that the
+    their captions' length, and a window typed on the command line fits the image (:mod:`csd.limits`); ``stage=evaluate`` reads a run that the
     command line does not contradict (:func:`evaluated_run_config`); a stage that evaluates has metrics its model
     supports (:func:`csd.config.eval_metrics`), no published COCO protocol on a toy model and, with
     ``eval.strict=true``, every weights and data file its metrics read (:func:`csd.evaluation.metrics.check_files`).
@@ -206,7 +206,7 @@ def check_inputs(cfg: DictConfig, overrides: Sequence[str]) -> None:
         prompts = load_prompts(cfg.dataset)  # refuses more prompts than the dataset holds, naming its size
         drafter = build_drafter(cfg.drafter)
         files = [f"dataset.{key}={show(cfg.dataset[key])}" for key in ("metadata", "annotations") if key in cfg.dataset]
-        problem = (config_problem(cfg, drafter, len(prompts))
+        problem = (config_problem(cfg, drafter, len(prompts)) or typed_window_problem(cfg.model, drafter, overrides)
                    or caption_problem(prompts, cfg.model, drafter, files[0] if files else f"dataset={cfg.dataset.name}"))
         if problem:
             raise ConfigError(problem)

@@ -148,8 +148,7 @@ def config_problem(cfg: DictConfig, drafter: Drafter, n_prompts: int | None = No
         return problem
     shape = shape_of(cfg.model)
     if shape is not None:
-        problem = (top_k_problem(cfg.model.get("top_k"), cfg.model.name, shape)
-                   or drafter.window_problem(shape.body_len, cfg.model.name))
+        problem = top_k_problem(cfg.model.get("top_k"), cfg.model.name, shape)
         if problem:
             return problem
     batch = cfg.engine.batch_size
@@ -164,6 +163,24 @@ def config_problem(cfg: DictConfig, drafter: Drafter, n_prompts: int | None = No
     return (problem or warmup_problem(cfg.engine.warmup, images, counted)
             or bootstrap_problem(cfg.eval.bootstrap, n_prompts or 1, ram)
             or bins_problem(cfg.eval.content.entropy_bins, ram))
+
+
+#: the settings that make a drafter's windows longer (``method.window``: the deprecated name of ``drafter.window``)
+WINDOW_KEYS = ("drafter.window", "drafter.gamma", "method.window")
+
+
+def typed_window_problem(model: DictConfig, drafter: Drafter, overrides: Sequence[str]) -> str | None:
+    """A window longer than the image, set on the command line (``overrides``): it only decodes as one of the image's
+    length, so the value typed is refused. A method preset's window longer than a small model's image is left to
+    the run, which logs it (csd.pipeline.check_fits)."""
+    typed = {arg.split("=", 1)[0].lstrip("+~") for arg in overrides if "=" in arg}
+    shape = shape_of(model)
+    if shape is None or typed.isdisjoint(WINDOW_KEYS):
+        return None
+    problem = drafter.window_problem(shape.body_len, model.name)
+    if problem is None:
+        return None
+    return f"{problem}: a window holds at most the tokens left to decode; {drafter.window_fix(shape.body_len)}"
 
 
 def caption_problem(prompts: Sequence[Prompt], model: DictConfig, drafter: Drafter, where: str) -> str | None:

@@ -189,10 +189,24 @@ def warm_up(cfg: DictConfig, engine: JacobiEngine, prompt: str) -> None:
 
 
 def check_fits(cfg: DictConfig, adapter: ModelAdapter, prompts: list[Prompt]) -> None:
-    """What only the built model tells, checked before its first image: with ``engine.compile=true``, the fixed cache
-    (``engine.max_cache_len``) against the prompts: it must hold the longest prompt, the image and one window. (A window
-    longer than the image is refused with the config: csd.limits.)"""
-    body, window = adapter.layout.length, build_drafter(cfg.drafter).window
+    """What only the built model tells, checked before its first image: the window against the image's body length
+    (``adapter.layout.length``: the toy's 256, Janus-Pro's 576, ...) and, compiled, the fixed cache against the
+    prompts.
+
+    A window longer than the image (a method preset's on a small model: one typed on the command line is refused,
+    csd.limits) is logged (decoding is unchanged: a window never holds more than the positions left to decode) and
+    refused with ``engine.compile=true``, which pads every window to its length. A compiled cache
+    (``engine.max_cache_len``) must hold the longest prompt, the image and one window.
+    """
+    drafter = build_drafter(cfg.drafter)
+    body, window = adapter.layout.length, drafter.window
+    problem = drafter.window_problem(body, cfg.model.name)
+    if problem is not None:
+        if cfg.engine.compile:
+            raise ConfigError(f"{problem} and engine.compile=true pads every window to its length: "
+                              f"{drafter.window_fix(body)}")
+        log.warning("%s: a window holds at most the tokens left to decode, so this run decodes as with windows of "
+                    "%d entries (%s to say so)", problem, body, drafter.window_fix(body))
     if not cfg.engine.compile or cfg.engine.max_cache_len is None:
         return
     with torch.no_grad():

@@ -118,7 +118,10 @@ class DraftModelDrafter(Drafter):
         if self.window <= body_len:
             return None
         return (f"drafter.gamma={self.gamma} drafts windows of {self.window} entries (the anchor and gamma drafts), "
-                f"longer than model={model}'s image ({body_len} tokens): set drafter.gamma <= {body_len - 1}")
+                f"longer than model={model}'s image ({body_len} tokens)")
+
+    def window_fix(self, body_len: int) -> str:
+        return f"set drafter.gamma <= {body_len - 1}"
 
     def problem(self, batch_size: int, compiled: bool) -> str | None:
         if compiled:

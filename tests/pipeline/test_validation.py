@@ -74,7 +74,7 @@ def test_bad_types_and_ranges_are_one_line_config_errors(overrides, message):
     [
         ["threads=null", "dataset.n_prompts=null", "method.lam=1"],
         ["method=lantern", "method.k=5", "threads=1"],
-        ["method=amplify", "method.k=2.5", "model=lumina_mgpt_tiny", "model.grid=[3,4]", "threads=1"],
+        ["method=amplify", "method.k=2.5", "model=lumina_mgpt_tiny", "model.grid=[2,3]", "threads=1"],
     ],
 )
 def test_good_values_of_every_type_pass(overrides):
@@ -358,22 +358,39 @@ def test_eval_metrics_are_honoured_for_the_toy(tmp_path):
 # --- what only the built model tells, before its first image
 
 
-def test_a_window_longer_than_the_image_is_refused_before_the_model_loads(tmp_path):
-    """A window longer than the image was logged and decoded as the image's length (eager) before; now it is refused
-    with the config, eager and compiled alike, naming the image's tokens (and for a draft model, drafter.gamma)."""
+def test_a_window_longer_than_the_image_is_one_line_refused_when_compiled_or_typed(tmp_path, caplog, monkeypatch):
+    """A preset's window longer than the image is logged and decodes as the image's length; compiled (every window
+    padded to it) or typed on the command line (the value would only be relabelled), it is refused, naming the setting
+    as typed (``drafter.gamma`` for a draft model)."""
     from csd.pipeline import generate_run
+    from csd.records import load_records
     from tests.pipeline.test_rundir import tiny_cfg
 
-    for compiled in ("false", "true"):
-        cfg = tiny_cfg(tmp_path / compiled, "dataset.n_prompts=1", "drafter.window=100", f"engine.compile={compiled}")
-        with pytest.raises(ConfigError, match=r"^drafter\.window=100 is longer than model=janus_pro_tiny's image \(64 "
-                                              r"tokens\): .*set drafter\.window <= 64$"):
-            generate_run(cfg)
-        assert not (tmp_path / compiled).exists()
-    validate(tiny_cfg(tmp_path / "64", "drafter.window=64"))
+    with caplog.at_level(logging.WARNING, logger="csd.pipeline"):
+        generate_run(tiny_cfg(tmp_path / "long", "dataset.n_prompts=1", "drafter.window=100"))
+    lines = [r.getMessage() for r in caplog.records if "drafter.window=100" in r.getMessage()]
+    assert lines == ["drafter.window=100 is longer than model=janus_pro_tiny's image (64 tokens): a window holds at "
+                     "most the tokens left to decode, so this run decodes as with windows of 64 entries (set "
+                     "drafter.window <= 64 to say so)"]
+    generate_run(tiny_cfg(tmp_path / "64", "dataset.n_prompts=1", "drafter.window=64"))
+    assert load_records(tmp_path / "long")[0]["tokens"] == load_records(tmp_path / "64")[0]["tokens"]
+    compiled = tiny_cfg(tmp_path / "compiled", "dataset.n_prompts=1", "drafter.window=100", "engine.compile=true")
+    with pytest.raises(ConfigError, match=r"^drafter\.window=100 is longer than model=janus_pro_tiny's image \(64 "
+                                          r"tokens\) and engine\.compile=true pads every window to its length: set "
+                                          r"drafter\.window <= 64$"):
+        generate_run(compiled)
+    assert not (tmp_path / "compiled" / "records.jsonl").exists()
+    monkeypatch.chdir(tmp_path)
+    tiny = ["model=janus_pro_tiny", "dataset=smoke"]
+    with pytest.raises(ConfigError, match=r"^drafter\.window=65 is longer than model=janus_pro_tiny's image \(64 "
+                                          r"tokens\): a window holds at most the tokens left to decode; set "
+                                          r"drafter\.window <= 64$"):
+        cli.preflight([*tiny, "drafter.window=65"])
+    draft = [*tiny, "drafter=draft_model", "drafter.model=janus_pro_tiny"]
     with pytest.raises(ConfigError, match=r"^drafter\.gamma=64 drafts windows of 65 entries .*set drafter\.gamma <= 63$"):
-        validate(make_cfg("model=janus_pro_tiny", "drafter=draft_model", "drafter.model=janus_pro_tiny", "drafter.gamma=64"))
-    validate(make_cfg("model=janus_pro_tiny", "drafter=draft_model", "drafter.model=janus_pro_tiny", "drafter.gamma=63"))
+        cli.preflight([*draft, "drafter.gamma=64"])
+    cli.preflight([*draft, "drafter.gamma=63"])
+    cli.preflight([*tiny, "method=sjd_l32"])  # a preset's window of 32 on an image of 64 tokens
 
 
 def test_a_compiled_cache_shorter_than_a_prompt_is_one_line_before_decoding(tmp_path):
