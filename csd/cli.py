@@ -19,7 +19,9 @@ from omegaconf.errors import OmegaConfBaseException
 from csd.adapters.base import MissingWeightsError
 from csd.config import (
     CONF_DIR,
+    SCHEMA,
     ConfigError,
+    build_drafter,
     check_captions,
     check_overrides,
     check_weights,
@@ -30,6 +32,7 @@ from csd.config import (
     validate,
 )
 from csd.hub import without_loading_bars
+from csd.limits import caption_problem, config_problem, typed_window_problem
 from csd.lockfile import LockHeldError
 from csd.records import RecordsError
 from csd.rundir import check_run_files, read_run_file
@@ -78,6 +81,10 @@ def check_dirs(stage: str, run_dir: str | None, sweep_dir: str | None, run_key: 
     does not exist yet, in a directory they can write to. ``run_key`` names the key ``run_dir`` came from (``hydra.run.dir`` given instead).
     """
     given = {"run_dir": run_dir, "sweep_dir": sweep_dir}
+    for key, value in given.items():  # '' would be the current directory
+        message = SCHEMA[key].error(run_key if key == "run_dir" else key, value)
+        if message:
+            raise ConfigError(message)
     if stage in READS:
         key = next((k for k in READS[stage] if given[k]), None)
         if key is None:
@@ -141,8 +148,8 @@ def preflight(argv: Sequence[str]) -> None:
         raise ConfigError(hydra_error(err, argv)) from None
     hydra_dir = OmegaConf.to_container(cfg.hydra.run, resolve=False)["dir"]
     explicit = not str(hydra_dir).startswith("${csd_output_dir:")  # hydra.run.dir given: it is the run
-    run_dir = cfg.run_dir or (cfg.hydra.run.dir if explicit else None)
-    check_dirs(cfg.stage, run_dir, cfg.sweep_dir, "hydra.run.dir" if explicit and not cfg.run_dir else "run_dir")
+    run_dir = cfg.run_dir if cfg.run_dir is not None else (cfg.hydra.run.dir if explicit else None)
+    check_dirs(cfg.stage, run_dir, cfg.sweep_dir, "hydra.run.dir" if explicit and cfg.run_dir is None else "run_dir")
     hydra_config = HydraConfig.instance()
     previous = hydra_config.cfg
     hydra_config.set_config(cfg)  # csd.config.config_dirs: the config directories hydra.searchpath adds
@@ -247,8 +254,9 @@ def evaluated_run_config(cfg: DictConfig, overrides: Sequence[str]) -> DictConfi
 def check_inputs(cfg: DictConfig, overrides: Sequence[str]) -> None:
     """The checks of a run (or multirun job) beyond its config values (:func:`csd.config.validate`), still before
     any model loads: the dataset holds ``dataset.n_prompts`` prompts, each one the model reads
-    (:func:`csd.config.check_captions`); the model's files are there (:func:`csd.config.check_weights`, the draft
-    model's too); the JSON files of an existing ``run_dir`` are readable
+    (:func:`csd.config.check_captions`), within the bounds that count the run's prompts and their captions' length,
+    and a window typed on the command line fits the image (:mod:`csd.limits`); the model's files are there
+    (:func:`csd.config.check_weights`, the draft model's too); the JSON files of an existing ``run_dir`` are readable
     (:func:`csd.rundir.check_run_files`); ``stage=evaluate`` reads a run that the
     command line does not contradict (:func:`evaluated_run_config`); a stage that evaluates has metrics its model
     supports (:func:`csd.config.eval_metrics`), no published COCO protocol on a toy model and, with
@@ -258,6 +266,12 @@ def check_inputs(cfg: DictConfig, overrides: Sequence[str]) -> None:
     if cfg.stage in ("generate", "all", "study"):
         prompts = load_prompts(cfg.dataset)  # refuses more prompts than the dataset holds, naming its size
         check_captions(cfg.model, cfg.dataset.name, prompts)
+        drafter = build_drafter(cfg.drafter)
+        files = [f"dataset.{key}={show(cfg.dataset[key])}" for key in ("metadata", "annotations") if key in cfg.dataset]
+        problem = (config_problem(cfg, drafter, len(prompts)) or typed_window_problem(cfg.model, drafter, overrides)
+                   or caption_problem(prompts, cfg.model, drafter, files[0] if files else f"dataset={cfg.dataset.name}"))
+        if problem:
+            raise ConfigError(problem)
         check_weights(cfg.model)
         draft_model = OmegaConf.select(cfg, "drafter.model")  # drafter=draft_model: its own model preset
         if draft_model is not None:

@@ -27,6 +27,7 @@ from csd.drafters import COUPLINGS, DRAFT_RECORDS, INIT_SCHEMES, Drafter
 from csd.evaluation.images import step_error
 from csd.fast import CompiledStep
 from csd.hub import without_loading_bars
+from csd.limits import config_problem
 from csd.params import current_names
 from csd.prompts import Prompt
 from csd.schema import (
@@ -110,8 +111,8 @@ SCHEMA: dict[str, Spec | ByTarget] = {
     "seed": Int(min=0),
     "device": Device(),
     "threads": Int(min=1, null="for torch's default"),
-    "run_dir": Str(null=""),
-    "sweep_dir": Str(null=""),
+    "run_dir": Str(null="for a new run directory", blank=False),
+    "sweep_dir": Str(null="", blank=False),
     "status.stale_min": Float(gt=0),
     # stage=study (csd/study.py, docs/EVALUATION.md#matched-compression-study)
     "study.rules": MapOf(
@@ -257,7 +258,8 @@ def eval_metrics(eval_cfg: DictConfig, model: str) -> list[str]:
     """The metrics the evaluate stage computes for a run of ``model``: ``eval.metrics``, for every model.
 
     ``eval.metrics=null`` (the default) is the model's own list: :data:`DEFAULT_METRICS`, plus :data:`TOY_METRICS`
-    for a toy model. A toy-only metric asked of another model is a :class:`ConfigError`. The deprecated
+    for a toy model. A toy-only metric asked of another model, or a metric the toy cannot compute asked of a toy model
+    (``geneval`` scores GenEval prompts, which no toy model takes), is a :class:`ConfigError`. The deprecated
     ``eval.toy.metrics`` (which chose the toy's metrics while ``eval.metrics`` was ignored for it) still stands in
     for ``eval.metrics`` on toy models when ``eval.metrics`` is null; :func:`validate` warns about it.
     """
@@ -271,6 +273,11 @@ def eval_metrics(eval_cfg: DictConfig, model: str) -> list[str]:
         names = old
     if names is None:
         return [*DEFAULT_METRICS, *TOY_METRICS] if toy else list(DEFAULT_METRICS)
+    if toy:
+        unsupported = [n for n in names if n not in (*DEFAULT_METRICS, *TOY_METRICS)]
+        if unsupported:
+            raise ConfigError(f"eval.metrics={show(names)}: model={model} has no {unsupported[0]!r} metric (a toy model "
+                              f"is scored with {[*DEFAULT_METRICS, *TOY_METRICS]}); drop it")
     unsupported = [n for n in names if n in TOY_METRICS and not toy]
     if unsupported:
         raise ConfigError(f"eval.metrics={show(names)}: model={model} has no {unsupported[0]!r} metric (the toy's "
@@ -334,8 +341,8 @@ def close_names(name: str, known: Sequence[str]) -> str:
 def check_overrides(args: Sequence[str]) -> None:
     """Refuse a command-line override of a key or config group that does not exist, or a group option that does
     not, in one line with the closest known names, before Hydra composes anything (its own message suggests
-    ``+key=...``, which would add the typo as a new key). ``+``/``++``/``~`` overrides, Hydra's own keys and
-    flags are left to Hydra, and so is anything it cannot parse."""
+    ``+key=...``, which would add the typo as a new key); and any key given twice (Hydra would keep the last).
+    ``+``/``++``/``~`` overrides, Hydra's own keys and flags are left to Hydra, and so is anything it cannot parse."""
     parser = OverridesParser.create()
     groups = config_groups()
     overrides = []
@@ -351,8 +358,13 @@ def check_overrides(args: Sequence[str]) -> None:
                          for path in (o.value() or []) if str(path).startswith("file://")]
     keys = known_keys(dirs)
     nullable = nullable_groups()
+    given: dict[str, str] = {}
     for arg, override in overrides:
         key = override.key_or_group
+        if key in given:
+            raise ConfigError(f"{key} is given twice ({given[key]}, {arg}): Hydra would silently keep the last; give it "
+                              "once")
+        given[key] = arg
         if (override.is_add() or override.is_force_add() or override.is_delete() or override.package is not None
                 or key.split("/")[0].split(".")[0] == "hydra"):
             continue
@@ -490,6 +502,8 @@ def _cross_checks(cfg: DictConfig) -> None:
     _check_class_prompts(cfg)
     build_rule(m)
     entropy_temperature(cfg.model)
+    problem = config_problem(cfg, drafter)
+    _check(problem is None, str(problem))
 
 
 #: the loader of ``dataset=imagenet_classes``: its prompts are class ids, the only prompts a class-conditional model takes

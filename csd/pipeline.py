@@ -31,6 +31,7 @@ from csd.config import (
 from csd.device import synchronize
 from csd.drafters import ChainDrafter
 from csd.engine import Generation, JacobiEngine, Request
+from csd.limits import PROMPT_STRIDE, SEED_MODULUS, SEED_STRIDE
 from csd.plan import resolve_batch_size
 from csd.prompts import Prompt
 from csd.records import ImageRecord, RecordWriter, image_name, load_records, records_file, shard_suffix
@@ -42,8 +43,9 @@ T = TypeVar("T")
 
 
 def image_seed(base: int, prompt_index: int, sample: int) -> int:
-    """Seed of one image: stable under resume, distinct across prompts and samples."""
-    return (base * 1_000_003 + prompt_index * 1_009 + sample) % (2**62)
+    """Seed of one image: stable under resume, distinct across prompts and samples (samples_per_prompt <= PROMPT_STRIDE
+    and base < SEED_MODULUS: csd.limits)."""
+    return (base * SEED_STRIDE + prompt_index * PROMPT_STRIDE + sample) % SEED_MODULUS
 
 
 def write_json(path: Path, value: dict[str, Any]) -> None:
@@ -191,18 +193,20 @@ def check_fits(cfg: DictConfig, adapter: ModelAdapter, prompts: list[Prompt]) ->
     (``adapter.layout.length``: the toy's 256, Janus-Pro's 576, ...) and, compiled, the fixed cache against the
     prompts.
 
-    A window longer than the image is logged (decoding is unchanged: a window never holds more than the positions
-    left to decode) and refused with ``engine.compile=true``, which pads every window to ``drafter.window`` rows.
-    A compiled cache (``engine.max_cache_len``) must hold the longest prompt, the image and one window.
+    A window longer than the image (a method preset's on a small model: one typed on the command line is refused,
+    csd.limits) is logged (decoding is unchanged: a window never holds more than the positions left to decode) and
+    refused with ``engine.compile=true``, which pads every window to its length. A compiled cache
+    (``engine.max_cache_len``) must hold the longest prompt, the image and one window.
     """
-    body, window, model = adapter.layout.length, build_drafter(cfg.drafter).window, cfg.model.name
-    if window is not None and window > body:
+    drafter = build_drafter(cfg.drafter)
+    body, window = adapter.layout.length, drafter.window
+    problem = drafter.window_problem(body, cfg.model.name)
+    if problem is not None:
         if cfg.engine.compile:
-            raise ConfigError(f"drafter.window={window} is longer than model={model}'s image ({body} tokens) and "
-                              "engine.compile=true pads every window to drafter.window rows: set drafter.window <= "
-                              f"{body}")
-        log.warning("drafter.window=%d is longer than model=%s's image (%d tokens): a window holds at most the "
-                    "tokens left to decode, so this run decodes as with drafter.window=%d", window, model, body, body)
+            raise ConfigError(f"{problem} and engine.compile=true pads every window to its length: "
+                              f"{drafter.window_fix(body)}")
+        log.warning("%s: a window holds at most the tokens left to decode, so this run decodes as with windows of "
+                    "%d entries (%s to say so)", problem, body, drafter.window_fix(body))
     if not cfg.engine.compile or cfg.engine.max_cache_len is None:
         return
     with torch.no_grad():

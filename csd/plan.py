@@ -82,6 +82,9 @@ class ModelShape:
     cfg_rows: int
     dtype_bytes: int
     source: str
+    #: the positions a caption shares with the image (the text config's ``max_position_embeddings``); None for a
+    #: prompt of fixed length (the toy's, LlamaGen's caption embeddings)
+    caption_positions: int | None = None
 
 
 def module_bytes(module: torch.nn.Module, dtype: torch.dtype | None = None) -> int:
@@ -133,7 +136,8 @@ def janus_shape(model: DictConfig) -> dict[str, Any]:
     side = int(round(config.vision_config.num_image_tokens ** 0.5))
     return dict(model=on_meta(JanusForConditionalGeneration, config), text=config.text_config, source=source,
                 logit_columns=config.vq_config.num_embeddings, image_vocab=config.vq_config.num_embeddings,
-                body_len=side * side, grid=(side, side), prompt_len=PROMPT_LEN)
+                body_len=side * side, grid=(side, side), prompt_len=PROMPT_LEN,
+                caption_positions=config.text_config.max_position_embeddings)
 
 
 def real_text_config(name: str) -> dict[str, int]:
@@ -162,7 +166,8 @@ def chameleon_shape(model: DictConfig, real: str, real_grid: tuple[int, int] | N
     lm = on_meta(ChameleonForConditionalGeneration, config)
     decoder = on_meta(VQGANDecoder, vqgan)
     return dict(model=lm, extra_bytes=module_bytes(decoder, torch.float32), text=config, source=source, logit_columns=config.vocab_size, image_vocab=vqgan.n_embed,
-                body_len=body_len(rows, cols), grid=(rows, cols), prompt_len=PROMPT_LEN)
+                body_len=body_len(rows, cols), grid=(rows, cols), prompt_len=PROMPT_LEN,
+                caption_positions=config.max_position_embeddings if "codes" in model else None)
 
 
 def lumina_shape(model: DictConfig) -> dict[str, Any]:
@@ -189,7 +194,8 @@ def emu3_shape(model: DictConfig) -> dict[str, Any]:
         (rows, cols), source = EMU3_GRID, "REAL_SHAPES (hub config.json)"
     return dict(model=on_meta(Emu3ForConditionalGeneration, config), text=config.text_config, source=source,
                 logit_columns=config.text_config.vocab_size, image_vocab=config.vq_config.codebook_size,
-                body_len=rows * (cols + 1) + 2, grid=(rows, cols), prompt_len=PROMPT_LEN)
+                body_len=rows * (cols + 1) + 2, grid=(rows, cols), prompt_len=PROMPT_LEN,
+                caption_positions=config.text_config.max_position_embeddings if model.name == "emu3_tiny" else None)
 
 
 def toy_shape(model: DictConfig) -> dict[str, Any]:
@@ -270,7 +276,7 @@ def model_shape(model: DictConfig) -> ModelShape:
         name=model.name, weight_bytes=weights, **decoder_dims(parts["text"]), logit_columns=parts["logit_columns"],
         image_vocab=parts["image_vocab"], body_len=parts["body_len"], grid=parts["grid"], prompt_len=parts["prompt_len"],
         cfg_rows=2 if model.guidance_scale != 1 else 1, dtype_bytes=torch.empty(0, dtype=dtype).element_size(),
-        source=parts["source"],
+        source=parts["source"], caption_positions=parts.get("caption_positions"),
     )
 
 

@@ -126,11 +126,21 @@ class Bool(Spec):
 
 @dataclass(frozen=True, kw_only=True)
 class Str(Spec):
+    """A string; ``blank=False``: with more than white space (a directory: ``''`` would be the current one)."""
+
+    blank: bool = True
+
     def describe(self) -> str:
         return "a string"
 
     def accepts(self, value: Any) -> bool:
         return isinstance(value, str)
+
+    def error(self, key: str, value: Any) -> str | None:
+        if not self.blank and isinstance(value, str) and not value.strip():
+            return f"{key}={show(value)} is empty: give a path" + (f", or null {self.null}" if self.null else
+                                                                    ", or null" if self.null is not None else "")
+        return super().error(key, value)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -37,14 +37,28 @@ def tree_nodes(width: int, depth: int) -> int:
     return sum(width**d for d in range(depth))
 
 
+def deepest_tree(window: int, width: int) -> int:
+    """The most levels (root included) of a full ``width``-ary tree that ``window`` nodes hold (1: the root alone)."""
+    depth, nodes = 1, 1
+    while nodes + width**depth <= window:
+        nodes += width**depth
+        depth += 1
+    return depth
+
+
 def tree_problem(window: int, width: int, depth: int, coupling: str, parity: bool) -> str | None:
-    """Why tree settings (``drafter=pac_tree``) cannot run (one line), or None."""
+    """Why tree settings (``drafter=pac_tree``) cannot run (one line), or None. A tree deeper than the window holds
+    names the deepest that fits, not its node count (exponential in the depth: 600 digits at depth 1000)."""
     if width < 2 or depth < 2:
         return (f"drafter.width={width} and drafter.depth={depth} must be >= 2 (a tree branches at depths 1 .. depth-1; "
                 "for chain windows use drafter=chain)")
-    if window < tree_nodes(width, depth):
+    fits = deepest_tree(window, width)
+    if depth > fits:
+        nodes = f"{tree_nodes(width, depth)} nodes" if depth <= fits + 2 else f"more than {window} nodes"
+        fix = (f"at most drafter.depth={fits} fits ({tree_nodes(width, fits)} nodes)" if fits >= 2
+               else f"the window needs >= {1 + width} nodes for any tree")
         return (f"drafter.window={window} cannot hold the tree of drafter.width={width}, drafter.depth={depth} "
-                f"({tree_nodes(width, depth)} nodes, (K^D - 1)/(K - 1)); raise the window or shrink the tree")
+                f"({nodes}, (K^D - 1)/(K - 1)): {fix}; raise the window or shrink the tree")
     if parity and coupling != "maximal":
         return f"drafter.code_parity=true reproduces the released code's refresh, which is maximal coupling: got drafter.coupling={coupling!r}"
     return None

@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from csd.config import ConfigError
 
 DOWNLOAD_HINT = "bash experiments/download_data.sh"
@@ -33,8 +35,20 @@ class DatasetFileError(ConfigError):
 
 def read_json(path: Path) -> Any:
     """The parsed JSON file; a syntax error (e.g. a truncated download) names the file, line and column."""
+    check_size(path)
     try:
         with open(path, encoding="utf-8") as f:
             return json.load(f)
     except json.JSONDecodeError as err:
         raise DatasetFileError(f"{path}:{err.lineno}:{err.colno}: not valid JSON ({err.msg})") from None
+
+
+def check_size(path: Path) -> None:
+    """Refuse a prompts file larger than the available RAM before reading it: its text alone is held in memory (whole
+    by ``json.load``; as the prompts of a JSON-lines file), so a larger one cannot be read (docs/USAGE.md, "Limits")."""
+    from csd.plan import available_memory, gb
+
+    size, ram = path.stat().st_size, available_memory(torch.device("cpu"))
+    if size > ram:
+        raise DatasetFileError(f"{path}: {gb(size)} GB, more than the {gb(ram)} GB of available RAM that reading it "
+                               "takes; give a smaller prompts file")

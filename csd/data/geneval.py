@@ -6,7 +6,7 @@ import json
 import shutil
 from pathlib import Path
 
-from csd.data.files import DatasetFileError, require_file
+from csd.data.files import DatasetFileError, check_size, require_file
 from csd.prompts import Prompt
 from csd.records import load_records
 
@@ -20,6 +20,7 @@ def geneval_prompts(metadata: str | Path, n_prompts: int | None = None, **_: obj
     ``prompt``) under ``geneval``, which :func:`export_geneval` writes back out.
     """
     path = require_file(metadata, "GenEval metadata (evaluation_metadata.jsonl)", "dataset.metadata")
+    check_size(path)
     prompts = []
     with open(path, encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):

@@ -152,6 +152,18 @@ class Drafter(Parametrized, ABC):
                     "drafts) but would be labelled and reported as another method: use method=ar, or drafter.window >= 2")
         return None
 
+    def window_problem(self, body_len: int, model: str) -> str | None:
+        """Why this drafter's windows are longer than an image of ``body_len`` tokens (of ``model=<model>``), in one
+        line naming the setting as typed; None if they are not. A window holds at most the tokens left to decode, so a
+        longer one decodes as one of the image's length (:meth:`window_fix` says how to set that)."""
+        if self.window is None or self.window <= body_len:
+            return None
+        return f"drafter.window={self.window} is longer than model={model}'s image ({body_len} tokens)"
+
+    def window_fix(self, body_len: int) -> str:
+        """The setting that makes windows fit an image of ``body_len`` tokens."""
+        return f"set drafter.window <= {body_len}"
+
     def forward_entries(self, grid: tuple[int, int], body_len: int) -> int:
         """The most entries one forward feeds per image on a ``grid`` of ``body_len`` body positions (the memory
         plan's window): ``window``, or the body for a drafter without windows (ZipAR: one entry per row in flight)."""

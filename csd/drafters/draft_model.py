@@ -113,6 +113,16 @@ class DraftModelDrafter(Drafter):
         """Rows of a full window: the anchor and ``gamma`` drafts."""
         return self.gamma + 1
 
+    def window_problem(self, body_len: int, model: str) -> str | None:
+        """``gamma`` sets the window (the anchor and ``gamma`` drafts): the message names it."""
+        if self.window <= body_len:
+            return None
+        return (f"drafter.gamma={self.gamma} drafts windows of {self.window} entries (the anchor and gamma drafts), "
+                f"longer than model={model}'s image ({body_len} tokens)")
+
+    def window_fix(self, body_len: int) -> str:
+        return f"set drafter.gamma <= {body_len - 1}"
+
     def problem(self, batch_size: int, compiled: bool) -> str | None:
         if compiled:
             return "drafter=draft_model runs eagerly: set engine.compile=false"

@@ -83,6 +83,12 @@ def unicode_geneval(where: Path) -> None:
     (where / "meta.jsonl").write_text(json.dumps({"prompt": "un café rouge"}, ensure_ascii=False) + "\n")
 
 
+def long_caption(where: Path) -> None:
+    """A GenEval metadata file whose second prompt is 96000 characters long."""
+    lines = [{"tag": "single_object", "prompt": p} for p in ("a photo of a cat", "a cat " * 16000)]
+    (where / "long.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+
+
 CASES: list[Case] = [
     # --- typos and unknown names ---
     case("methd=csd", says="methd"),
@@ -100,8 +106,28 @@ CASES: list[Case] = [
     case("stage=evaluate", "run_dir={dir}/nope", says="does not exist"),
 
     # --- resource guards: sizes that scale memory or time ---
+    case("engine.batch_size=1000000000", "dataset.n_prompts=1",
+         says=r"engine\.batch_size=1000000000 is more than the run's 1 images .*set engine\.batch_size <= 1"),
+    case("eval.bootstrap=1000000000", says=r"eval\.bootstrap=1000000000 needs .* GB .*available RAM"),
+    case("eval.content.entropy_bins=1000000000", says=r"eval\.content\.entropy_bins=1000000000 needs .* GB .*available RAM"),
+    case("threads=100000", says=r"threads=100000 is more than the \d+ cores"),
+    case("model=janus_pro_tiny", "dataset=geneval", "dataset.metadata={dir}/long.jsonl", setup=long_caption,
+         says=r"dataset\.metadata=.*prompt 1 \(00001\) is 96000 bytes long; model=janus_pro_tiny holds 1024 positions"),
+    case("engine.warmup=1000000", says=r"engine\.warmup=1000000 is more than the run's 16 images"),
+    case("dataset.samples_per_prompt=1000000", says=r"dataset\.samples_per_prompt=1000000 must be <= 1009"),
+    case("drafter=pac_tree", "drafter.depth=1000", says=r"drafter\.window=64 cannot hold the tree of drafter\.width=4, drafter\.depth=1000 "
+                                                   r"\(more than 64 nodes.*at most drafter\.depth=3 fits(?=.{0,80}$)"),
+    case("model.top_k=1000000", says=r"model\.top_k=1000000 is more than model=toy's 256 image codes"),
 
     # --- silent inputs: accepted before, refused now ---
+    case("run_dir=", says=r"run_dir='' is empty"),
+    case("run_dir='  '", says=r"run_dir='  ' is empty"),
+    case("stage=status", "sweep_dir=", says=r"sweep_dir='' is empty"),
+    case("stage=plan", "stage=generate", says=r"stage is given twice \(stage=plan, stage=generate\)"),
+    case("seed=99999999999999999999", says=r"seed=99999999999999999999 must be an integer in \[0, 4611686018427387903\]"),
+    case("drafter.window=100000", says=r"drafter\.window=100000 is longer than model=toy's image \(256 tokens\)"),
+    case("drafter=draft_model", "drafter.gamma=100000", says=r"drafter\.gamma=100000 .*longer than model=toy's image"),
+    case("eval.metrics=[geneval]", says=r"eval\.metrics=\['geneval'\]: model=toy has no 'geneval' metric .*'regions'"),
 
     # --- tracebacks before: run files, weights, data paths ---
     case("method=null", says=r"method=null.*choose one of \[.*'csd'"),

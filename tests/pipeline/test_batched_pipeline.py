@@ -12,7 +12,7 @@ from omegaconf import open_dict
 from csd.config import ConfigError, validate
 from csd.engine import JacobiEngine
 from csd.evaluation.speed import speed_metrics
-from csd.pipeline import GenerationInterrupted, generate_run
+from csd.pipeline import GenerationInterrupted, generate_run, run_info_file
 from csd.ragged import SlotBatch
 from csd.records import RECORDS_FILE, load_records
 from experiments import bench_throughput
@@ -107,11 +107,16 @@ def test_batched_run_refills_and_matches_batch_1_with_a_latency_probe(tmp_path, 
 
 @pytest.mark.slow
 def test_fewer_images_than_slots(tmp_path, batch1):
-    run_dir = generate_run(toy_cfg(tmp_path, 2, "engine.batch_size=4"))
+    """A batch larger than the run's images is refused (csd.limits); a shard still decodes fewer images than slots:
+    shard 1 of 2 holds one of the 5 (toy-0004)."""
+    with pytest.raises(ConfigError, match=r"^engine\.batch_size=6 is more than the run's 5 images"):
+        generate_run(toy_cfg(tmp_path / "refused", 5, "engine.batch_size=6"))
+    cfg = toy_cfg(tmp_path, 5, "engine.batch_size=4", "dataset.num_shards=2", "dataset.shard=1")
+    run_dir = generate_run(cfg)
     records = by_key(run_dir)
-    assert list(records) == list(batch1)[:2]
+    assert list(records) == [("toy-0004", 0)]
     assert_same_images(records, batch1)
-    assert "latency_probe" not in json.loads((run_dir / "run.json").read_text())
+    assert "latency_probe" not in json.loads((run_dir / run_info_file(cfg)).read_text())
 
 
 @pytest.mark.slow

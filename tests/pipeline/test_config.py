@@ -230,13 +230,13 @@ def test_multirun_sweeps_two_jobs(tmp_path):
 @pytest.mark.slow
 def test_multirun_validates_every_job_before_the_first_starts(tmp_path):
     out = run_cli(
-        "-m", "stage=generate", "model=janus_pro_tiny", "dataset=smoke", "dataset.n_prompts=1", "method=ar,sjd_pac",
+        "-m", "stage=generate", "model=janus_pro_tiny", "dataset=smoke", "dataset.n_prompts=2", "method=ar,sjd_pac",
         "engine.batch_size=2", "engine.progress=false", "logger=disabled", f"hydra.sweep.dir={tmp_path}",
     )
     assert out.returncode == 2
     errors = [line for line in out.stderr.splitlines() if line.strip()]
     assert len(errors) == 1 and "Traceback" not in out.stderr, out.stderr[-2000:]
-    assert errors[0].startswith("error: job #1 (stage=generate model=janus_pro_tiny dataset=smoke dataset.n_prompts=1 "
+    assert errors[0].startswith("error: job #1 (stage=generate model=janus_pro_tiny dataset=smoke dataset.n_prompts=2 "
                                 "method=sjd_pac engine.batch_size=2")
     assert "set engine.batch_size=1, got 2" in errors[0]
     assert not list(tmp_path.rglob("records*.jsonl"))  # AR did not run either

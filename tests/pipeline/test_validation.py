@@ -14,6 +14,7 @@ from omegaconf import OmegaConf, open_dict
 
 from csd import cli, config
 from csd.config import CONF_DIR, ConfigError, build_rule, choices, method_params, validate
+from csd.limits import usable_cores
 from tests.pipeline.test_config import make_cfg, run_cli
 
 #: the config groups whose every key must have a schema entry
@@ -72,8 +73,8 @@ def test_bad_types_and_ranges_are_one_line_config_errors(overrides, message):
     "overrides",
     [
         ["threads=null", "dataset.n_prompts=null", "method.lam=1"],
-        ["method=lantern", "method.k=5", "threads=4"],
-        ["method=amplify", "method.k=2.5", "model=lumina_mgpt_tiny", "model.grid=[2,3]", "threads=2"],
+        ["method=lantern", "method.k=5", "threads=1"],
+        ["method=amplify", "method.k=2.5", "model=lumina_mgpt_tiny", "model.grid=[2,3]", "threads=1"],
     ],
 )
 def test_good_values_of_every_type_pass(overrides):
@@ -190,7 +191,8 @@ def test_threads_are_set_before_any_stage(tmp_path, monkeypatch):
     assert make_cfg().threads == 1
     calls: list[int] = []
     monkeypatch.setattr(torch, "set_num_threads", calls.append)
-    for threads, expected in (("3", [3]), ("null", [])):
+    cores = usable_cores()  # more threads than cores are refused (csd.limits)
+    for threads, expected in ((str(cores), [cores]), ("null", [])):
         cfg = make_cfg(f"threads={threads}", "stage=evaluate")
         with open_dict(cfg):
             cfg.run_dir = str(tmp_path)  # not a run: the evaluate stage fails after the threads are set
@@ -356,7 +358,10 @@ def test_eval_metrics_are_honoured_for_the_toy(tmp_path):
 # --- what only the built model tells, before its first image
 
 
-def test_a_window_longer_than_the_image_is_one_line_and_refused_when_compiled(tmp_path, caplog):
+def test_a_window_longer_than_the_image_is_one_line_refused_when_compiled_or_typed(tmp_path, caplog, monkeypatch):
+    """A preset's window longer than the image is logged and decodes as the image's length; compiled (every window
+    padded to it) or typed on the command line (the value would only be relabelled), it is refused, naming the setting
+    as typed (``drafter.gamma`` for a draft model)."""
     from csd.pipeline import generate_run
     from csd.records import load_records
     from tests.pipeline.test_rundir import tiny_cfg
@@ -365,14 +370,27 @@ def test_a_window_longer_than_the_image_is_one_line_and_refused_when_compiled(tm
         generate_run(tiny_cfg(tmp_path / "long", "dataset.n_prompts=1", "drafter.window=100"))
     lines = [r.getMessage() for r in caplog.records if "drafter.window=100" in r.getMessage()]
     assert lines == ["drafter.window=100 is longer than model=janus_pro_tiny's image (64 tokens): a window holds at "
-                     "most the tokens left to decode, so this run decodes as with drafter.window=64"]
+                     "most the tokens left to decode, so this run decodes as with windows of 64 entries (set "
+                     "drafter.window <= 64 to say so)"]
     generate_run(tiny_cfg(tmp_path / "64", "dataset.n_prompts=1", "drafter.window=64"))
     assert load_records(tmp_path / "long")[0]["tokens"] == load_records(tmp_path / "64")[0]["tokens"]
     compiled = tiny_cfg(tmp_path / "compiled", "dataset.n_prompts=1", "drafter.window=100", "engine.compile=true")
     with pytest.raises(ConfigError, match=r"^drafter\.window=100 is longer than model=janus_pro_tiny's image \(64 "
-                                          r"tokens\) and engine\.compile=true pads .*: set drafter\.window <= 64$"):
+                                          r"tokens\) and engine\.compile=true pads every window to its length: set "
+                                          r"drafter\.window <= 64$"):
         generate_run(compiled)
     assert not (tmp_path / "compiled" / "records.jsonl").exists()
+    monkeypatch.chdir(tmp_path)
+    tiny = ["model=janus_pro_tiny", "dataset=smoke"]
+    with pytest.raises(ConfigError, match=r"^drafter\.window=65 is longer than model=janus_pro_tiny's image \(64 "
+                                          r"tokens\): a window holds at most the tokens left to decode; set "
+                                          r"drafter\.window <= 64$"):
+        cli.preflight([*tiny, "drafter.window=65"])
+    draft = [*tiny, "drafter=draft_model", "drafter.model=janus_pro_tiny"]
+    with pytest.raises(ConfigError, match=r"^drafter\.gamma=64 drafts windows of 65 entries .*set drafter\.gamma <= 63$"):
+        cli.preflight([*draft, "drafter.gamma=64"])
+    cli.preflight([*draft, "drafter.gamma=63"])
+    cli.preflight([*tiny, "method=sjd_l32"])  # a preset's window of 32 on an image of 64 tokens
 
 
 def test_a_compiled_cache_shorter_than_a_prompt_is_one_line_before_decoding(tmp_path):
