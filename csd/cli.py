@@ -329,6 +329,7 @@ def run_stages(cfg: DictConfig) -> None:
         cfg.run_dir = HydraConfig.get().runtime.output_dir
     try:
         validate(cfg)
+        one_gpu_per_shard(cfg)  # before anything asks CUDA for memory (engine.batch_size=auto's plan)
         without_loading_bars()  # before the evaluate stage's model loads too
         if cfg.threads is not None:
             torch.set_num_threads(cfg.threads)
@@ -341,7 +342,6 @@ def run_stages(cfg: DictConfig) -> None:
             resolve_batch_size(cfg)
         if print_stage(cfg, run_dir):
             return
-        one_gpu_per_shard(cfg)
         sharded = cfg.dataset.num_shards > 1
         if cfg.stage in ("generate", "all"):
             from csd.pipeline import generate_run

@@ -338,15 +338,26 @@ def close_names(name: str, known: Sequence[str]) -> str:
     return " or ".join(sorted(k for k, v in distances.items() if v == best)[:2])
 
 
+#: the config groups every run reads (``logger`` may be deleted: no tracking; ``experiment`` is null by default)
+RUN_READS = ("method", "drafter", "model", "dataset", "eval")
+
+
 def check_overrides(args: Sequence[str]) -> None:
     """Refuse a command-line override of a key or config group that does not exist, or a group option that does
     not, in one line with the closest known names, before Hydra composes anything (its own message suggests
     ``+key=...``, which would add the typo as a new key); and any key given twice (Hydra would keep the last).
+    ``~`` deleting a group or a key every run reads is refused (the run would fail on the missing key); other
     ``+``/``++``/``~`` overrides, Hydra's own keys and flags are left to Hydra, and so is anything it cannot parse."""
     parser = OverridesParser.create()
     groups = config_groups()
     overrides = []
     for arg in args:
+        deleted = arg.removeprefix("~").split("=")[0] if arg.startswith("~") else None
+        required = deleted in SCHEMA or deleted in RUN_READS
+        if deleted and deleted.split("/")[0].split(".")[0] != "hydra" and required:
+            what = "config group" if deleted in groups else "key"
+            raise ConfigError(f"{arg} deletes the {what} {deleted}, which every run reads; give it a value instead "
+                              f"({deleted}=<value>{', or null where allowed' if what == 'key' else ''})")
         if arg.startswith("-") or "=" not in arg:
             continue
         try:
@@ -486,6 +497,9 @@ def _cross_checks(cfg: DictConfig) -> None:
     problem = drafter.method_problem(m.name)
     _check(problem is None, str(problem))
     _check(d.shard < d.num_shards, f"dataset.shard={d.shard} must be < dataset.num_shards={d.num_shards}")
+    # device_count asks NVML, so CUDA is not initialised before a shard picks its GPU (csd.cli.one_gpu_per_shard)
+    _check(not cfg.device.startswith("cuda") or torch.cuda.device_count() > 0,
+           f"device={cfg.device} but no CUDA device is available; use device=cpu or device=auto")
     auto = cfg.engine.batch_size == "auto"  # the plan may choose any batch: the drafter must take B > 1
     problem = drafter.problem(2 if auto else cfg.engine.batch_size, cfg.engine.compile)
     _check(problem is None, f"engine.batch_size=auto may choose a batch > 1, but {problem}" if auto else str(problem))

@@ -89,7 +89,7 @@ def device_memory(cfg: DictConfig) -> tuple[float, str] | None:
 
 def on_cpu(cfg: DictConfig) -> bool:
     """Whether the run decodes on the CPU (``device=cpu``, or ``auto`` without CUDA), without initialising CUDA."""
-    return cfg.device == "cpu" or (cfg.device == "auto" and not torch.cuda.is_available())
+    return cfg.device == "cpu" or (cfg.device == "auto" and torch.cuda.device_count() == 0)  # NVML: no cuInit
 
 
 def batch_problem(batch: int, images: int | None, counted: str, model: str, plan: MemoryPlan | None,
@@ -137,8 +137,11 @@ def bins_problem(bins: int, ram: int) -> str | None:
 
 
 def config_problem(cfg: DictConfig, drafter: Drafter, n_prompts: int | None = None) -> str | None:
-    """The first value of ``cfg`` past its bound (None: none is). ``n_prompts``: the run's prompts when known (loaded,
-    or ``dataset.n_prompts``); the bounds that count images are checked only then."""
+    """The first value of ``cfg`` past its bound (None: none is). ``n_prompts``: the run's prompts once they are loaded
+    (:func:`csd.cli.check_inputs`), else ``dataset.n_prompts`` for the bounds that count images (a batch or warm-up
+    longer than the run); the bootstrap counts loaded prompts only (one before), so a ``dataset.n_prompts`` larger
+    than the dataset is named as such (:func:`csd.config.load_prompts`), not as resamples that would not fit."""
+    loaded = n_prompts
     n_prompts = n_prompts if n_prompts is not None else OmegaConf.select(cfg, "dataset.n_prompts")
     samples = cfg.dataset.samples_per_prompt
     images = None if n_prompts is None else n_prompts * samples
@@ -161,7 +164,7 @@ def config_problem(cfg: DictConfig, drafter: Drafter, n_prompts: int | None = No
         problem = batch_problem(batch, images, counted, cfg.model.name, plan, memory)
     ram = available_memory(torch.device("cpu"))
     return (problem or warmup_problem(cfg.engine.warmup, images, counted)
-            or bootstrap_problem(cfg.eval.bootstrap, n_prompts or 1, ram)
+            or bootstrap_problem(cfg.eval.bootstrap, loaded or 1, ram)
             or bins_problem(cfg.eval.content.entropy_bins, ram))
 
 

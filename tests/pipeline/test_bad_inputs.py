@@ -119,6 +119,8 @@ CASES: list[Case] = [
                                                    r"\(more than 64 nodes.*at most drafter\.depth=3 fits(?=.{0,80}$)"),
     case("model.top_k=1000000", says=r"model\.top_k=1000000 is more than model=toy's 256 image codes"),
 
+    case("dataset.n_prompts=100000000", says=r"dataset.n_prompts=100000000, but dataset=toy has 10000 prompts"),
+
     # --- silent inputs: accepted before, refused now ---
     case("run_dir=", says=r"run_dir='' is empty"),
     case("run_dir='  '", says=r"run_dir='  ' is empty"),
@@ -130,6 +132,8 @@ CASES: list[Case] = [
     case("eval.metrics=[geneval]", says=r"eval\.metrics=\['geneval'\]: model=toy has no 'geneval' metric .*'regions'"),
 
     # --- tracebacks before: run files, weights, data paths ---
+    case("~method", says=r"~method deletes the config group method, which every run reads"),
+    case("~seed", says=r"~seed deletes the key seed, which every run reads"),
     case("method=null", says=r"method=null.*choose one of \[.*'csd'"),
     case("drafter=eagle", "drafter.head={dir}/head.pt", says=r"drafter.head=\S*head.pt is not .*torch.save", setup=text_file),
     case("run_dir=/proc/x", says=r"run_dir=/proc/x: .*not writable"),

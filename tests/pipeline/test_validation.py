@@ -422,3 +422,20 @@ def test_every_model_that_reads_files_has_a_weights_check():
         preset = OmegaConf.load(path)
         get_method(preset._target_)
         assert ("path" in preset) == (preset._target_ in WEIGHTS_CHECKS), path.name
+
+
+@pytest.mark.skipif(torch.cuda.device_count() > 0, reason="a machine with a GPU runs device=cuda")
+def test_cuda_without_a_gpu_is_one_line_before_the_model_loads():
+    with pytest.raises(ConfigError, match="device=cuda:1 but no CUDA device is available; use device=cpu or device=auto"):
+        validate(make_cfg("device=cuda:1"))
+
+
+def test_validation_does_not_initialise_cuda(monkeypatch):
+    """torch.cuda.is_available() initialises the driver (cuInit), after which a shard can no longer pick its GPU by
+    CUDA_VISIBLE_DEVICES (csd.cli.one_gpu_per_shard): the checks before a run ask NVML (torch.cuda.device_count)."""
+    def initialises() -> bool:
+        raise AssertionError("torch.cuda.is_available() called before the shard picks its GPU")
+
+    monkeypatch.setattr(torch.cuda, "is_available", initialises)
+    validate(make_cfg("engine.batch_size=2", "dataset.n_prompts=2", "model=janus_pro_tiny"))
+    validate(make_cfg("device=auto", "engine.batch_size=4", "dataset.n_prompts=4"))
