@@ -1,11 +1,14 @@
-"""Host <-> device helpers of the decoding path (no stream synchronisation) and its device timer."""
+"""Host <-> device helpers of the decoding path (no stream synchronisation), its device timer and the free memory of
+a device (the memory planner's and the input bounds' budget)."""
 
 from __future__ import annotations
 
 import ctypes
+import os
 import platform
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 
@@ -13,6 +16,8 @@ import torch
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
 HEAP_THRESHOLD = 32 << 20
 _heap_kept = False
+#: bytes in a GB (the planner's unit: decimal, as device sizes are quoted)
+GB = 1e9
 
 
 def to_device(values: Sequence[int | bool], device: torch.device, dtype: torch.dtype = torch.long) -> torch.Tensor:
@@ -71,3 +76,19 @@ def keep_temporaries_on_heap() -> bool:
     libc = ctypes.CDLL("libc.so.6")
     _heap_kept = bool(libc.mallopt(_M_MMAP_THRESHOLD, HEAP_THRESHOLD) and libc.mallopt(_M_TRIM_THRESHOLD, 4 * HEAP_THRESHOLD))
     return _heap_kept
+
+
+def available_memory(device: torch.device) -> int:
+    """Free bytes of ``device``: CUDA's free memory, or the machine's available RAM (``MemAvailable``) on CPU."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    meminfo = Path("/proc/meminfo")
+    if meminfo.exists():
+        fields = dict(line.split(":", 1) for line in meminfo.read_text().splitlines() if ":" in line)
+        return int(fields["MemAvailable"].split()[0]) * 1024
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def gb(n: float) -> str:
+    """Bytes as GB, with three significant digits below 1 GB."""
+    return f"{n / GB:.2f}" if n >= GB else f"{n / GB:.3g}"

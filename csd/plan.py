@@ -18,18 +18,16 @@ and :meth:`MemoryPlan.max_batch` is the largest ``engine.batch_size`` whose tota
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from csd.device import GB, available_memory, gb
 from csd.ragged import default_cache_len
 
-GB = 1e9
 #: the device sizes of the planner's table (GB): 24 GB consumer cards, A100 40 / 80 GB, H200 141 GB
 TABLE_GB = (24, 40, 80, 141)
 #: prompt length planned for every model but the toy (whose prompts have one length): tokens, the latency benchmark's
@@ -330,22 +328,6 @@ def plan_memory(shape: ModelShape, window: int, compiled: bool, device_type: str
                                                                                               shape.prompt_len),
         compile_per_slot=graphs, gumbel_per_slot=shape.body_len * shape.image_vocab * 4 if gumbel else 0, reserve=int(CUDA_RESERVE_GB * GB) if device_type == "cuda" else 0,
     )
-
-
-def available_memory(device: torch.device) -> int:
-    """Free bytes of ``device``: CUDA's free memory, or the machine's available RAM (``MemAvailable``) on CPU."""
-    if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
-    meminfo = Path("/proc/meminfo")
-    if meminfo.exists():
-        fields = dict(line.split(":", 1) for line in meminfo.read_text().splitlines() if ":" in line)
-        return int(fields["MemAvailable"].split()[0]) * 1024
-    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-
-
-def gb(n: float) -> str:
-    """Bytes as GB, with three significant digits below 1 GB."""
-    return f"{n / GB:.2f}" if n >= GB else f"{n / GB:.3g}"
 
 
 def describe_plan(plan: MemoryPlan, memory_bytes: float, memory_source: str) -> str:

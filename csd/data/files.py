@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from csd.config import ConfigError
+from csd.device import available_memory, gb
 
 DOWNLOAD_HINT = "bash experiments/download_data.sh"
 
@@ -46,8 +47,6 @@ def read_json(path: Path) -> Any:
 def check_size(path: Path) -> None:
     """Refuse a prompts file larger than the available RAM before reading it: its text alone is held in memory (whole
     by ``json.load``; as the prompts of a JSON-lines file), so a larger one cannot be read (docs/USAGE.md, "Limits")."""
-    from csd.plan import available_memory, gb
-
     size, ram = path.stat().st_size, available_memory(torch.device("cpu"))
     if size > ram:
         raise DatasetFileError(f"{path}: {gb(size)} GB, more than the {gb(ram)} GB of available RAM that reading it "

@@ -112,7 +112,8 @@ def test_plan_stage_prints_the_plan(capsys):
     assert "2 CFG rows x 768 entries x 30 layers x 32 KV heads x 128 head dim x 2 x 2 B" in printed
 
 
-def test_an_auto_batch_that_fits_nothing_ends_the_run_in_one_line(capsys, tmp_path):
+def test_an_auto_batch_that_fits_nothing_ends_the_run_in_one_line(capsys, tmp_path, monkeypatch):
+    monkeypatch.setattr("csd.cli.check_weights", lambda model: None)  # as if the 7B's files were there
     cfg = make_cfg("stage=generate", "model=janus_pro_7b", "engine.batch_size=auto", "engine.memory_gb=8", "device=cpu",
                    f"run_dir={tmp_path / 'run'}")
     with pytest.raises(SystemExit) as exit_:

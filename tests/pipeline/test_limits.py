@@ -119,7 +119,7 @@ def test_a_prompts_file_larger_than_the_available_ram_is_refused_before_it_is_re
     (tmp_path / "meta.jsonl").write_text('{"prompt": "a photo of a cat"}\n')
     (tmp_path / "captions.json").write_text('{"images": [], "annotations": []}')
     assert [p.text for p in geneval_prompts(tmp_path / "meta.jsonl")] == ["a photo of a cat"]
-    monkeypatch.setattr("csd.plan.available_memory", lambda device: 16)
+    monkeypatch.setattr("csd.data.files.available_memory", lambda device: 16)
     with pytest.raises(DatasetFileError, match=r"meta\.jsonl: 3.1e-08 GB, more than the 1.6e-08 GB of available RAM"):
         geneval_prompts(tmp_path / "meta.jsonl")
     with pytest.raises(DatasetFileError, match=r"captions\.json: .* GB, more than the 1.6e-08 GB of available RAM"):
