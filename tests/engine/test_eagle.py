@@ -116,12 +116,14 @@ def test_bad_settings_get_one_line(tmp_path):
         JacobiEngine(rejecting_janus(), SJD(), EagleDrafter(window=4))
 
 
-def test_a_model_without_a_shipped_head_is_refused_before_it_loads():
+def test_a_model_without_a_shipped_head_is_refused_before_it_loads(tmp_path):
     from csd.api import compose_config
 
     with pytest.raises(ConfigError, match=r"^drafter.head=null: JanusAdapter ships no EAGLE head; train one with"):
         compose_config("janus_pro_7b", "sjd", {"drafter": "eagle"})
-    assert compose_config("janus_pro_7b", "sjd", {"drafter": "eagle", "drafter.head": __file__}).drafter.name == "eagle"
+    head = tmp_path / "head.pt"
+    torch.save({}, head)  # a checkpoint file (its weights are read when the model loads)
+    assert compose_config("janus_pro_7b", "sjd", {"drafter": "eagle", "drafter.head": str(head)}).drafter.name == "eagle"
 
 
 @pytest.mark.parametrize("make", [rejecting_lumina, rejecting_emu3], ids=["lumina", "emu3"])
