@@ -84,5 +84,4 @@ def test_greedy_bf16_tokens_mostly_equal_fp32_on_the_toy():
     assert engine.adapter.decoder().dtype == torch.bfloat16
     assert engine.adapter.decode_images(tokens["bfloat16"]).shape == (len(prompts), 32, 32, 3)
     share = (tokens["float32"] == tokens["bfloat16"]).float().mean().item()
-    assert share >= 0.9
-    assert share < 1.0  # bf16 is not fp32: the comparison sees rounding
+    assert share >= 0.9  # all equal on some CPUs (this AMD EPYC): whether a near-tie flips depends on the kernels
