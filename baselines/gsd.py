@@ -21,8 +21,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from csd.acceptance import AcceptanceRule, Verdict, gather_token, likelihood_ratio
-from csd.adapters.base import ModelAdapter
+from csd.acceptance import AcceptanceRule, ModelTables, Verdict, gather_token, likelihood_ratio
 from csd.params import Param
 from csd.schema import Bool, Float, Int
 
@@ -64,7 +63,7 @@ class GSD(AcceptanceRule):
     }
     embeddings: torch.Tensor | None = None
 
-    def setup(self, adapter: ModelAdapter) -> None:
+    def setup(self, adapter: ModelTables) -> None:
         self.embeddings = adapter.token_embeddings().detach().float()
         if self.embed_threshold_quantile is not None:
             self.embed_threshold = distance_quantile(self.embeddings, self.embed_threshold_quantile)

@@ -20,8 +20,15 @@ from __future__ import annotations
 
 import torch
 
-from csd.acceptance import AcceptanceRule, Residual, Verdict, gather_token, likelihood_ratio, positive_part
-from csd.adapters.base import ModelAdapter
+from csd.acceptance import (
+    AcceptanceRule,
+    ModelTables,
+    Residual,
+    Verdict,
+    gather_token,
+    likelihood_ratio,
+    positive_part,
+)
 from csd.params import Param
 from csd.schema import Bool, Float, Int
 
@@ -54,7 +61,7 @@ class Lantern(AcceptanceRule):
     renamed = {"k": "neighbours", "delta": "budget"}
     neighbours_table: torch.Tensor | None = None
 
-    def setup(self, adapter: ModelAdapter) -> None:
+    def setup(self, adapter: ModelTables) -> None:
         # the code's residual zeroes one neighbour more than the acceptance may use
         table = self.neighbours + 1 if self.code_parity else self.neighbours
         self.neighbours_table = nearest_neighbours(adapter.codebook().detach().to(adapter.device), table)

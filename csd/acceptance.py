@@ -15,15 +15,27 @@ never synchronise with the host. SJD and CSD live here; the other baselines live
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
 from csd.params import Param, Parametrized
 from csd.schema import Choice, Float
 
-if TYPE_CHECKING:
-    from csd.adapters.base import ModelAdapter
+
+class ModelTables(Protocol):
+    """What a rule may read of the model when it is set up (:meth:`AcceptanceRule.setup`): the model adapters
+    (``csd.adapters.base.ModelAdapter``) give it; a rule knows nothing else of them."""
+
+    device: torch.device
+
+    def token_embeddings(self) -> torch.Tensor:
+        """``[V, d]``: the input embeddings of the image tokens (GSD's latent distance)."""
+        ...
+
+    def codebook(self) -> torch.Tensor:
+        """``[V, d]``: the image tokenizer's code vectors (LANTERN's latent neighbours)."""
+        ...
 
 
 @dataclass
@@ -91,7 +103,7 @@ class AcceptanceRule(Parametrized):
     #: True when the committed tokens are distributed exactly as the target (tests assert it)
     lossless = True
 
-    def setup(self, adapter: ModelAdapter) -> None:
+    def setup(self, adapter: ModelTables) -> None:
         """Precompute model-dependent tables (neighbour lists, embeddings). Default: nothing."""
 
     def accept_prob(

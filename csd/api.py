@@ -15,16 +15,12 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, open_dict
 
 from csd.adapters.base import ModelAdapter
-from csd.config import (
-    CONF_DIR,
-    ConfigError,
-    build_adapter,
-    build_drafter,
-    build_rule,
-    resolve_device,
-    validate,
-)
+from csd.compose import build_adapter, build_drafter, build_rule
+from csd.device import resolve_device
 from csd.engine import Generation, JacobiEngine
+from csd.errors import ConfigError
+from csd.presets import CONF_DIR
+from csd.validate import validate
 
 
 def compose_config(model: str | None, method: str | None, overrides: dict[str, Any] | None = None) -> DictConfig:

@@ -1,4 +1,9 @@
-"""Stage dispatch behind ``run.py``: generate -> evaluate -> report, with short errors for bad input."""
+"""Stage dispatch behind ``run.py``: generate -> evaluate -> report, with short errors for bad input.
+
+The command line is checked in the order that costs least first (:func:`preflight`): a typo needs only the config
+files and the key table, so this module imports torch, the plug-ins and the stages where a check or a stage needs
+them: a typo or ``--help`` is answered in about a second, without torch.
+"""
 
 from __future__ import annotations
 
@@ -10,32 +15,15 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-import torch
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException, MissingConfigException, OverrideParseException
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from omegaconf.errors import OmegaConfBaseException
 
-from csd.adapters.base import MissingWeightsError
-from csd.config import (
-    CONF_DIR,
-    SCHEMA,
-    ConfigError,
-    build_drafter,
-    check_captions,
-    check_overrides,
-    check_weights,
-    close_names,
-    eval_metrics,
-    load_prompts,
-    model_preset,
-    validate,
-)
-from csd.hub import without_loading_bars
-from csd.limits import caption_problem, config_problem, typed_window_problem
-from csd.lockfile import LockHeldError
-from csd.records import RecordsError
-from csd.rundir import check_run_files, read_run_file
+from csd.errors import INPUT_ERRORS, ConfigError
+from csd.keys import SCHEMA, eval_metrics
+from csd.overrides import check_overrides, close_names
+from csd.presets import CONF_DIR, model_preset
 from csd.schema import show
 
 log = logging.getLogger("csd")
@@ -121,15 +109,13 @@ def writable(directory: Path) -> bool:
     return True
 
 
-#: what run.py refuses in one line (exit 2) before Hydra creates a directory or a model loads
-INPUT_ERRORS = (ConfigError, RecordsError, LockHeldError, MissingWeightsError, FileNotFoundError)
 
 
 def preflight(argv: Sequence[str]) -> None:
     """Every check of a run on ``run.py``'s command line, before Hydra creates its output directory (``.hydra/``,
-    ``run.log``) and before any model loads: typos (:func:`csd.config.check_overrides`), a command line Hydra cannot
+    ``run.log``) and before any model loads: typos (:func:`csd.overrides.check_overrides`), a command line Hydra cannot
     parse or compose (its error in one line), the directories (:func:`check_dirs`), the config values
-    (:func:`csd.config.validate`) and the inputs (:func:`check_inputs`). Raises one of :data:`INPUT_ERRORS`.
+    (:func:`csd.validate.validate`) and the inputs (:func:`check_inputs`). Raises one of :data:`INPUT_ERRORS`.
 
     Hydra's flags (``-m``, ``--cfg``, ...) skip all but the typo check: a multirun's jobs are checked before the first
     is launched (:mod:`csd.sweep`). The job checks again what it composes itself (it may be run without ``run.py``);
@@ -152,11 +138,13 @@ def preflight(argv: Sequence[str]) -> None:
     check_dirs(cfg.stage, run_dir, cfg.sweep_dir, "hydra.run.dir" if explicit and cfg.run_dir is None else "run_dir")
     hydra_config = HydraConfig.instance()
     previous = hydra_config.cfg
-    hydra_config.set_config(cfg)  # csd.config.config_dirs: the config directories hydra.searchpath adds
+    hydra_config.set_config(cfg)  # csd.presets.config_dirs: the config directories hydra.searchpath adds
     with read_write(cfg), open_dict(cfg):
         del cfg["hydra"]
         cfg.run_dir = run_dir
-    quiet = logging.getLogger("csd.config")
+    from csd.validate import validate
+
+    quiet = logging.getLogger("csd.validate")
     level = quiet.level
     quiet.setLevel(logging.ERROR)
     try:
@@ -229,6 +217,8 @@ def evaluated_run_config(cfg: DictConfig, overrides: Sequence[str]) -> DictConfi
     """The config ``cfg.run_dir`` was generated with (its ``config.yaml``; for a run without one, run.json's names
     and seed), for ``stage=evaluate``. An override of its method, model, dataset or seed that differs from the run
     is a :class:`ConfigError`: evaluate scores the run as it was generated and would silently ignore it."""
+    from csd.rundir import read_run_file
+
     run_dir = Path(cfg.run_dir)
     info_path = run_dir / "run.json"
     if not info_path.exists():
@@ -252,17 +242,21 @@ def evaluated_run_config(cfg: DictConfig, overrides: Sequence[str]) -> DictConfi
 
 
 def check_inputs(cfg: DictConfig, overrides: Sequence[str]) -> None:
-    """The checks of a run (or multirun job) beyond its config values (:func:`csd.config.validate`), still before
+    """The checks of a run (or multirun job) beyond its config values (:func:`csd.validate.validate`), still before
     any model loads: the dataset holds ``dataset.n_prompts`` prompts, each one the model reads
-    (:func:`csd.config.check_captions`), within the bounds that count the run's prompts and their captions' length,
+    (:func:`csd.compose.check_captions`), within the bounds that count the run's prompts and their captions' length,
     and a window typed on the command line fits the image (:mod:`csd.limits`); the model's files are there
-    (:func:`csd.config.check_weights`, the draft model's too); the JSON files of an existing ``run_dir`` are readable
+    (:func:`csd.compose.check_weights`, the draft model's too); the JSON files of an existing ``run_dir`` are readable
     (:func:`csd.rundir.check_run_files`); ``stage=evaluate`` reads a run that the
     command line does not contradict (:func:`evaluated_run_config`); a stage that evaluates has metrics its model
-    supports (:func:`csd.config.eval_metrics`), no published COCO protocol on a toy model and, with
+    supports (:func:`csd.keys.eval_metrics`), no published COCO protocol on a toy model and, with
     ``eval.strict=true``, every weights and data file its metrics read (:func:`csd.evaluation.metrics.check_files`).
     ``overrides``: the command line's, for the evaluate stage. Also run for every job of a multirun before the
     first starts (:mod:`csd.sweep`)."""
+    from csd.compose import build_drafter, check_captions, check_weights, load_prompts
+    from csd.limits import caption_problem, config_problem, typed_window_problem
+    from csd.rundir import check_run_files
+
     if cfg.stage in ("generate", "all", "study"):
         prompts = load_prompts(cfg.dataset)  # refuses more prompts than the dataset holds, naming its size
         check_captions(cfg.model, cfg.dataset.name, prompts)
@@ -327,6 +321,11 @@ def run_stages(cfg: DictConfig) -> None:
         from hydra.core.hydra_config import HydraConfig
 
         cfg.run_dir = HydraConfig.get().runtime.output_dir
+    import torch
+
+    from csd.hub import without_loading_bars
+    from csd.validate import validate
+
     try:
         validate(cfg)
         one_gpu_per_shard(cfg)  # before anything asks CUDA for memory (engine.batch_size=auto's plan)
@@ -351,7 +350,7 @@ def run_stages(cfg: DictConfig) -> None:
             log.info("shard %d of %d done; evaluate the run with stage=evaluate run_dir=%s once every shard is",
                      cfg.dataset.shard, cfg.dataset.num_shards, run_dir)
         elif cfg.stage in ("evaluate", "all"):
-            from csd.evaluation import evaluate_run
+            from csd.evaluate import evaluate_run
 
             evaluate_run(run_dir, cfg)
         if cfg.stage == "report" or (cfg.stage == "all" and not in_multirun() and not sharded):

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import torch
 
+from csd.errors import ConfigError
+
 #: glibc ``mallopt`` parameters (malloc.h) and the largest mmap threshold it accepts on 64-bit machines (32 MiB)
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
 HEAP_THRESHOLD = 32 << 20
@@ -92,3 +94,13 @@ def available_memory(device: torch.device) -> int:
 def gb(n: float) -> str:
     """Bytes as GB, with three significant digits below 1 GB."""
     return f"{n / GB:.2f}" if n >= GB else f"{n / GB:.3g}"
+
+
+def resolve_device(device: str) -> torch.device:
+    """The torch device of ``device`` (``auto``: CUDA when available); a CUDA device without CUDA is a
+    :class:`ConfigError`."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"device={device!r} but no CUDA device is available; use device=cpu or device=auto")
+    return torch.device(device)

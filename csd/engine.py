@@ -22,28 +22,20 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 import torch
 
 from csd.acceptance import AcceptanceRule, entropy
 from csd.adapters.base import ModelAdapter
 from csd.device import Span, keep_temporaries_on_heap, synchronize
-from csd.drafters import STAT_KEYS, BodyIds, ChainDrafter, Drafter
+from csd.drafters.base import STAT_KEYS, BodyIds, Drafter
+from csd.drafters.chain import ChainDrafter
 from csd.fast import CompiledStep
 from csd.processors import TargetPipeline
 from csd.ragged import SlotBatch
 from csd.records import COMMIT_FORCED
-
-
-@dataclass(frozen=True)
-class Request:
-    """One image to decode; ``key`` is the caller's handle, returned with the result."""
-
-    prompt: str
-    seed: int
-    key: Any = None
+from csd.slot import Request, Slot
 
 
 @dataclass
@@ -70,25 +62,6 @@ class Generation:
     @property
     def step_compression(self) -> float:
         return self.tokens.numel() / max(self.nfe, 1)
-
-
-@dataclass
-class Slot:
-    """Decoding state of the image in a batch slot (host ints, device tensors); ``draft``: the drafter's state."""
-
-    request: Request
-    generator: torch.Generator
-    body: torch.Tensor
-    commit_iter: torch.Tensor
-    commit_kind: torch.Tensor
-    entropy: torch.Tensor
-    stats: torch.Tensor
-    times: list[float] = field(default_factory=list)
-    #: batch 1: the device time of each iteration's propose step (read when the image finishes)
-    propose_spans: list[Span] = field(default_factory=list)
-    draft: Any = None
-    n: int = 0
-    iteration: int = 0
 
 
 class JacobiEngine:

@@ -2,7 +2,7 @@
 
 Eager decoding is bound by Python and kernel launches, not by the GPU. The compiled path keeps every decode
 forward at one of two fixed shapes (``q = 1`` and ``q = L``: the engine pads drafts to the window) on one
-fixed-capacity ``csd.ragged.RaggedCache``, so that ``torch.compile(mode="reduce-overhead")`` can capture each shape
+fixed-capacity ``csd.cache.RaggedCache``, so that ``torch.compile(mode="reduce-overhead")`` can capture each shape
 once as a CUDA graph and replay it for every prompt and batch. Prefill (any prompt length) runs eagerly on the
 same cache.
 """
@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from csd.adapters.base import ModelAdapter
-from csd.ragged import RaggedCache, default_cache_len
+from csd.cache import RaggedCache, default_cache_len
 
 #: ``decode_step(inputs, cache, position_ids, attention_mask) -> logits``
 StepFn = Callable[..., torch.Tensor]
@@ -37,7 +37,7 @@ class CompiledStep:
 
     The cache of the last batch is kept and reused by the next one of the same shape (new buffers would
     re-record the CUDA graphs); one batch decodes on it at a time. Its capacity is ``max_cache_len``, else
-    :func:`csd.ragged.default_cache_len` of the batch's first prompt.
+    :func:`csd.cache.default_cache_len` of the batch's first prompt.
     """
 
     def __init__(self, adapter: ModelAdapter, max_cache_len: int | None = None, backend: str = "inductor") -> None:

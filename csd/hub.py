@@ -103,7 +103,7 @@ def without_progress_bar(factory: Callable[..., Any], args: tuple[Any, ...], kwa
 
 def without_loading_bars() -> None:
     """Install :func:`without_progress_bar` (process-wide): every model load, ``run.py``'s and the notebook API's
-    (:func:`csd.config.build_adapter`), prints no "Loading weights" bar."""
+    (:func:`csd.compose.build_adapter`), prints no "Loading weights" bar."""
     from transformers.utils import logging as transformers_logging
 
     transformers_logging.set_tqdm_hook(without_progress_bar)

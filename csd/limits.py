@@ -2,7 +2,7 @@
 "Limits"), checked before any model loads.
 
 Every check returns the one-line problem of a value, naming the bound and where it comes from (None: within it);
-:func:`csd.config.validate` raises :func:`config_problem`'s with what the config tells, :func:`csd.cli.check_inputs`
+:func:`csd.validate.validate` raises :func:`config_problem`'s with what the config tells, :func:`csd.cli.check_inputs`
 again with the run's prompts once they are loaded. Memory bounds use the memory planner (:mod:`csd.plan`) and the
 machine's available RAM; on CUDA only ``engine.memory_gb`` bounds the batch and the captions (measuring the GPU
 would initialise CUDA before a shard picks its GPU, and a GPU out of memory stops only this run).
@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from csd.drafters import Drafter
+from csd.drafters.base import Drafter
 from csd.plan import FAMILIES, GB, MemoryPlan, ModelShape, available_memory, gb, model_shape, plan_memory
 from csd.prompts import Prompt
 
@@ -140,7 +140,7 @@ def config_problem(cfg: DictConfig, drafter: Drafter, n_prompts: int | None = No
     """The first value of ``cfg`` past its bound (None: none is). ``n_prompts``: the run's prompts once they are loaded
     (:func:`csd.cli.check_inputs`), else ``dataset.n_prompts`` for the bounds that count images (a batch or warm-up
     longer than the run); the bootstrap counts loaded prompts only (one before), so a ``dataset.n_prompts`` larger
-    than the dataset is named as such (:func:`csd.config.load_prompts`), not as resamples that would not fit."""
+    than the dataset is named as such (:func:`csd.compose.load_prompts`), not as resamples that would not fit."""
     loaded = n_prompts
     n_prompts = n_prompts if n_prompts is not None else OmegaConf.select(cfg, "dataset.n_prompts")
     samples = cfg.dataset.samples_per_prompt

@@ -16,9 +16,7 @@ import time
 from pathlib import Path
 from types import TracebackType
 
-
-class LockHeldError(RuntimeError):
-    """Another live process (or a process on another host) holds the lock; the message names it."""
+from csd.errors import LockHeldError
 
 
 def pid_alive(pid: int) -> bool:

@@ -2,7 +2,7 @@
 
 An acceptance rule or a drafter lists its parameters in ``PARAMS`` (name -> :class:`Param`); its constructor takes
 exactly those, checks each against its spec (``csd.schema``: the same one-line messages as the config) and sets it
-as an attribute. The config checks (``csd.config.validate``), the "ignored key" warning and the docs' tables read the
+as an attribute. The config checks (``csd.validate.validate``), the "ignored key" warning and the docs' tables read the
 same declarations, so a new rule or drafter is its module plus its YAML file.
 """
 

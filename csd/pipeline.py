@@ -17,25 +17,18 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from csd.adapters.base import ModelAdapter
-from csd.config import (
-    ConfigError,
-    build_adapter,
-    build_drafter,
-    build_rule,
-    compiled_step,
-    load_prompts,
-    method_params,
-    resolve_device,
-    validate,
-)
-from csd.device import synchronize
-from csd.drafters import ChainDrafter
-from csd.engine import Generation, JacobiEngine, Request
+from csd.compose import build_adapter, build_drafter, build_rule, compiled_step, load_prompts, method_params
+from csd.device import resolve_device, synchronize
+from csd.drafters.chain import ChainDrafter
+from csd.engine import Generation, JacobiEngine
+from csd.errors import ConfigError
 from csd.limits import PROMPT_STRIDE, SEED_MODULUS, SEED_STRIDE
 from csd.plan import resolve_batch_size
 from csd.prompts import Prompt
 from csd.records import ImageRecord, RecordWriter, image_name, load_records, records_file, shard_suffix
 from csd.rundir import check_fingerprint, check_shards, generate_lock, shard_of
+from csd.slot import Request
+from csd.validate import validate
 
 log = logging.getLogger(__name__)
 RUN_INFO_FILE = "run.json"

@@ -5,7 +5,7 @@ the model is instantiated on the ``meta`` device, which allocates nothing, to co
 
 * the weights: every parameter and buffer of the model the adapter holds, in its dtype;
 * the KV cache of one image slot: CFG rows x cache length x layers x KV heads x head dim x 2 (keys, values) x dtype
-  bytes, with the cache length ``csd.ragged.default_cache_len`` gives (prompt + body + window reserve, rounded up);
+  bytes, with the cache length ``csd.cache.default_cache_len`` gives (prompt + body + window reserve, rounded up);
 * the activations of one slot's window forward (:func:`activation_bytes`) and the drafter's fp32 state per slot;
 * a workspace allowance: a fixed reserve on CUDA (allocator, library workspaces) and, compiled, the two captured
   graphs' private activations;
@@ -25,8 +25,8 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from csd.cache import default_cache_len
 from csd.device import GB, available_memory, gb
-from csd.ragged import default_cache_len
 
 #: the device sizes of the planner's table (GB): 24 GB consumer cards, A100 40 / 80 GB, H200 141 GB
 TABLE_GB = (24, 40, 80, 141)
@@ -364,7 +364,8 @@ def plan_table(models: list[DictConfig], window: int, compiled: bool, sizes: tup
 
 def config_plan(cfg: DictConfig) -> tuple[MemoryPlan, float, str]:
     """The plan of a run's config, its memory budget in bytes and where that number comes from."""
-    from csd.config import build_drafter, resolve_device
+    from csd.compose import build_drafter
+    from csd.device import resolve_device
 
     device = resolve_device(cfg.device)
     gumbel = cfg.drafter.get("coupling") == "gumbel"
@@ -381,7 +382,7 @@ def resolve_batch_size(cfg: DictConfig) -> None:
     """``engine.batch_size=auto``: set it to the plan's largest batch (at least 1), logged; ints stay."""
     import logging
 
-    from csd.config import ConfigError
+    from csd.errors import ConfigError
 
     if cfg.engine.batch_size != "auto":
         return
@@ -397,7 +398,7 @@ def resolve_batch_size(cfg: DictConfig) -> None:
 
 def preset_configs() -> list[DictConfig]:
     """Every ``conf/model/`` preset."""
-    from csd.config import CONF_DIR
+    from csd.presets import CONF_DIR
 
     return [OmegaConf.load(p) for p in sorted((CONF_DIR / "model").glob("*.yaml"))]
 

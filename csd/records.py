@@ -35,6 +35,8 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from csd.errors import RecordsError
+
 log = logging.getLogger(__name__)
 RECORDS_FILE = "records.jsonl"
 SHARD_RECORDS_GLOB = "records.shard-*-of-*.jsonl"
@@ -123,10 +125,6 @@ def image_name(prompt_id: str, sample: int) -> str:
     return f"{IMAGES_DIR}/{prompt_id}_s{sample}.png"
 
 
-class RecordsError(ValueError):
-    """``records.jsonl`` cannot be used as it is; the message names the file, the line and what is wrong."""
-
-
 def complete_lines(path: Path) -> list[bytes]:
     """The newline-terminated lines of ``path`` (an incomplete trailing line from a crash is left out)."""
     if not path.exists():
@@ -191,7 +189,7 @@ def settings_mismatch(record: dict[str, Any], settings: dict[str, Any]) -> tuple
     and method_params): ``(field, record's value, run's value)`` of the first differing field
     (``method_params.<key>`` for a parameter), or None. A parameter one side lacks matches its
     :data:`IMPLICIT_METHOD_PARAMS` value; renamed parameters compare under their current names."""
-    from csd.config import (
+    from csd.deprecations import (
         current_method_params,  # the rule's renamed parameters (records made before a rename)
     )
 

@@ -20,7 +20,9 @@ from typing import Any
 from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 
-from csd.config import ConfigError, build_drafter, load_prompts, resolve_device
+from csd.compose import build_drafter, load_prompts
+from csd.device import resolve_device
+from csd.errors import ConfigError
 from csd.lockfile import FileLock, lock_holder
 from csd.prompts import Prompt
 from csd.records import (

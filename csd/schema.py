@@ -1,4 +1,4 @@
-"""Allowed values of config keys (the table is ``csd.config.SCHEMA``): each spec turns a bad value into one line.
+"""Allowed values of config keys (the table is ``csd.keys.SCHEMA``): each spec turns a bad value into one line.
 
 Values arrive as Hydra parses command-line overrides: ``method.lam=abc`` is the string ``'abc'``,
 ``dataset.n_prompts=2.5`` a float, ``method.lam=[0.1,0.2]`` a ListConfig, ``method.lam=inf`` a float inf.

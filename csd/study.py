@@ -25,19 +25,10 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from csd.config import (
-    CONF_DIR,
-    ConfigError,
-    build_adapter,
-    build_drafter,
-    build_rule,
-    compiled_step,
-    load_prompts,
-    move_deprecated_keys,
-    resolve_device,
-    rule_class_of,
-    validate,
-)
+from csd.compose import build_adapter, build_drafter, build_rule, compiled_step, load_prompts
+from csd.deprecations import move_deprecated_keys, rule_class_of
+from csd.device import resolve_device
+from csd.errors import ConfigError
 from csd.evaluation import METRICS_FILE
 from csd.evaluation.attribution import (
     REGIONS,
@@ -50,10 +41,12 @@ from csd.evaluation.attribution import (
 from csd.evaluation.content import acceptance_by_entropy, on_grid, region_grid
 from csd.evaluation.intervals import paired
 from csd.params import current_names
+from csd.presets import CONF_DIR
 from csd.records import load_records, record_files
 from csd.report.collect import load_run
 from csd.report.matched import KnobMatch, bracketing_mixture, match_compression
 from csd.schema import Float
+from csd.validate import validate
 
 log = logging.getLogger(__name__)
 CALIBRATION_FILE = "study_calibration.json"
@@ -128,7 +121,7 @@ def records_by_key(run_dir: Path) -> dict[tuple[str, int], dict[str, Any]]:
 def ensure_run(cfg: DictConfig) -> dict[str, Any]:
     """Generate (resumes; a finished run generates nothing) and evaluate unless ``metrics.json`` is newer than
     every records file; returns the run's metrics.json."""
-    from csd.evaluation import evaluate_run
+    from csd.evaluate import evaluate_run
     from csd.pipeline import generate_run
 
     run_dir = generate_run(cfg)
@@ -156,7 +149,8 @@ class Calibrator:
 
     def compression(self, setup: DictConfig) -> float:
         """Mean per-image step compression (tokens / NFE), the definition of ``metrics.json``'s ``step_compression``."""
-        from csd.engine import JacobiEngine, Request
+        from csd.engine import JacobiEngine
+        from csd.slot import Request
 
         if self._adapter is None:
             self._adapter = build_adapter(self.cfg.model, resolve_device(self.cfg.device))

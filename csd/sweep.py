@@ -3,7 +3,7 @@
 Hydra composes a job only when its launcher reaches it, and our checks run inside the job: a sweep whose second
 job is invalid ran its first in full. :class:`SweepCheckCallback` (``hydra.callbacks`` in ``conf/config.yaml``)
 expands the sweep as Hydra's basic sweeper will, composes each job's config as the launchers do and runs the
-checks of a single run on it (:func:`csd.config.validate`, :func:`csd.cli.check_inputs`), once, before any job is
+checks of a single run on it (:func:`csd.validate.validate`, :func:`csd.cli.check_inputs`), once, before any job is
 launched (the submitit launchers included); a bad job ends the sweep with one line per bad job.
 """
 
@@ -23,10 +23,9 @@ from hydra.errors import HydraException
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
-from csd.adapters.base import MissingWeightsError
 from csd.cli import check_inputs
-from csd.config import ConfigError, validate
-from csd.records import RecordsError
+from csd.errors import ConfigError, MissingWeightsError, RecordsError
+from csd.validate import validate
 
 #: the sweeper whose expansion :func:`sweep_jobs` reproduces
 BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
@@ -79,7 +78,7 @@ class SweepCheckCallback(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         if OmegaConf.select(config, "hydra.sweeper._target_") != BASIC_SWEEPER:
             return
-        quiet = logging.getLogger("csd.config")
+        quiet = logging.getLogger("csd.validate")
         level = quiet.level
         quiet.setLevel(logging.ERROR)  # each job logs its own warnings when it runs
         try:

@@ -1,6 +1,6 @@
 """Paired speed of drafters on the toy: ms per engine iteration and images/s per (drafter, batch size).
 
-Each spec ``name:key=value,...`` (a drafter of ``csd.drafters.DRAFTERS`` with its keys) decodes ``--images`` toy
+Each spec ``name:key=value,...`` (a drafter of ``conf/drafter/`` with its keys) decodes ``--images`` toy
 held-out captions (image ``i``: caption ``i``, seed ``i``) with SJD's rule at every batch size, after one untimed
 warm-up image; ms per iteration = wall time of the pass / engine iterations (forwards), so batch 1 and B = 16 read
 the same way. ``--rounds`` repeats every (spec, B) in turn, so slow spells of a shared machine fall on every spec.
@@ -22,11 +22,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from omegaconf import OmegaConf
 
 from csd.acceptance import SJD
 from csd.adapters.toy import load_toy_adapter
-from csd.drafters import DRAFTERS
-from csd.engine import JacobiEngine, Request
+from csd.compose import build_drafter
+from csd.drafters.base import Drafter
+from csd.engine import JacobiEngine
+from csd.presets import CONF_DIR
+from csd.slot import Request
 from csd.toy.domain import toy_prompts
 
 
@@ -40,11 +44,16 @@ def parse_spec(spec: str) -> tuple[str, dict[str, Any]]:
     return name, values
 
 
+def drafter(name: str, keys: dict[str, Any]) -> Drafter:
+    """The drafter ``conf/drafter/<name>.yaml`` with ``keys`` set, built as a run builds it."""
+    return build_drafter(OmegaConf.merge(OmegaConf.load(CONF_DIR / "drafter" / f"{name}.yaml"), keys))
+
+
 def measure(adapter: Any, spec: str, batch: int, images: int, captions: list[str]) -> dict[str, float]:
     """One timed pass of ``images`` images at batch ``batch``: seconds, engine iterations, body tokens and the images'
     forwards (``nfe``, per image: step compression = tokens / nfe)."""
     name, keys = parse_spec(spec)
-    engine = JacobiEngine(adapter, SJD(), DRAFTERS[name](**keys), batch_size=batch)
+    engine = JacobiEngine(adapter, SJD(), drafter(name, keys), batch_size=batch)
     engine.generate(captions[0], 0)  # warm-up (untimed)
     iterations = 0
     step = engine._iteration
@@ -80,7 +89,7 @@ def main() -> None:
         for batch in (int(b) for b in args.batch_sizes.split(",")):
             for spec in args.specs:
                 name, keys = parse_spec(spec)
-                problem = DRAFTERS[name](**keys).problem(batch, False)
+                problem = drafter(name, keys).problem(batch, False)
                 if problem is not None:  # e.g. a tree drafter at B > 1: nothing to measure
                     print(f"| {args.label} | {spec} | {batch} | {r} | {problem} | | |", flush=True)
                     continue

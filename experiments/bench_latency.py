@@ -44,13 +44,13 @@ from transformers import JanusConfig, JanusForConditionalGeneration
 from csd.acceptance import CSD, SJD, AcceptanceRule, entropy
 from csd.adapters.base import SamplingConfig
 from csd.adapters.janus import JanusAdapter, load_janus_adapter, tiny_janus_adapter
-from csd.config import CONF_DIR, resolve_device
-from csd.device import synchronize
-from csd.drafters import ChainDrafter
+from csd.device import resolve_device, synchronize
+from csd.drafters.chain import ChainDrafter
 from csd.engine import JacobiEngine
 from csd.fast import CompiledStep
 from csd.hub import load_local_first
 from csd.plan import real_janus_config
+from csd.presets import CONF_DIR
 from csd.ragged import SlotBatch
 from csd.verify import verify_window
 

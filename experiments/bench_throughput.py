@@ -39,11 +39,13 @@ from omegaconf import DictConfig, OmegaConf
 from csd.acceptance import CSD, SJD, AcceptanceRule
 from csd.adapters.base import ModelAdapter, SamplingConfig
 from csd.adapters.janus import JanusAdapter
-from csd.config import CONF_DIR, build_adapter, resolve_device
-from csd.device import synchronize
-from csd.drafters import ChainDrafter
-from csd.engine import JacobiEngine, Request
+from csd.compose import build_adapter
+from csd.device import resolve_device, synchronize
+from csd.drafters.chain import ChainDrafter
+from csd.engine import JacobiEngine
 from csd.fast import CompiledStep
+from csd.presets import CONF_DIR
+from csd.slot import Request
 from csd.toy.domain import toy_prompts
 from experiments.bench_latency import (
     CAPTION,

@@ -44,11 +44,12 @@ import torch
 from omegaconf import OmegaConf
 
 from csd.acceptance import CSD, SJD
-from csd.config import CONF_DIR, resolve_device
-from csd.drafters import ChainDrafter
+from csd.device import resolve_device
+from csd.drafters.chain import ChainDrafter
 from csd.engine import JacobiEngine
 from csd.fast import CompiledStep
 from csd.plan import GB, model_shape, module_bytes, plan_memory
+from csd.presets import CONF_DIR
 from experiments import bench_latency, bench_throughput
 
 #: NVIDIA H200 HBM3e memory bandwidth, bytes/s (NVIDIA H200 Tensor Core GPU datasheet: 4.8 TB/s)

@@ -36,12 +36,16 @@ from tqdm import tqdm
 
 from csd.acceptance import SJD
 from csd.adapters.base import ModelAdapter
-from csd.config import CONF_DIR, build_adapter, load_prompts, resolve_device, validate
-from csd.drafters import ChainDrafter, EagleDrafter
-from csd.drafters.eagle import EagleHead, head_config, load_head, save_head
-from csd.engine import JacobiEngine, Request
+from csd.compose import build_adapter, load_prompts
+from csd.device import resolve_device
+from csd.drafters.chain import ChainDrafter
+from csd.drafters.eagle import EagleDrafter, EagleHead, head_config, load_head, save_head
+from csd.engine import JacobiEngine
+from csd.presets import CONF_DIR
 from csd.prompts import Prompt
 from csd.ragged import reference_features
+from csd.slot import Request
+from csd.validate import validate
 
 
 def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:

@@ -17,14 +17,14 @@ import torch  # noqa: E402
 from scipy import stats  # noqa: E402
 
 from csd.adapters.anole import AnoleAdapter, tiny_anole_adapter  # noqa: E402
-from csd.adapters.base import ModelAdapter  # noqa: E402
+from csd.adapters.base import ModelAdapter
 from csd.adapters.emu3 import Emu3Adapter, tiny_emu3_adapter  # noqa: E402
 from csd.adapters.janus import JanusAdapter, tiny_janus_adapter  # noqa: E402
 from csd.adapters.llamagen import LlamaGenAdapter, tiny_llamagen_adapter  # noqa: E402
 from csd.adapters.lumina import LuminaAdapter, tiny_lumina_adapter  # noqa: E402
 from csd.engine import JacobiEngine  # noqa: E402
 from csd.processors import TargetPipeline  # noqa: E402
-from csd.ragged import SlotBatch, reference_logits  # noqa: E402
+from csd.ragged import SlotBatch, reference_logits
 from csd.tree import Tree  # noqa: E402
 
 
@@ -32,7 +32,7 @@ def make_cfg(*overrides: str) -> Any:
     """The run config of ``conf/`` with ``overrides`` (Hydra's compose API, as ``run.py`` builds it)."""
     from hydra import compose, initialize_config_dir
 
-    from csd.config import CONF_DIR
+    from csd.presets import CONF_DIR
 
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return compose(config_name="config", overrides=list(overrides))
@@ -357,7 +357,7 @@ def decode_counts(engine: JacobiEngine) -> Iterator[DecodeCounts]:
 def forced_token_run(adapter: ModelAdapter, rule, prompt: str, seeds: int = 3) -> tuple[Any, DecodeCounts]:
     """Decode ``seeds`` images of a model with forced structural tokens (window 5): every forced position holds its
     token and every free one an image code; returns the last generation and what the run exercised."""
-    from csd.drafters import ChainDrafter
+    from csd.drafters.chain import ChainDrafter
     from csd.engine import JacobiEngine
 
     forced = adapter.layout.forced_ids

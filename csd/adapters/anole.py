@@ -11,7 +11,7 @@ What differs is the image format (GAIR-NLP/anole ``chameleon/inference/chameleon
   header, no end-of-line tokens, nothing forced. The end-of-image token ``<eoss>`` (8196) follows the 1024th token
   without a model call in Anole's decoder (LANTERN stops after 1024 tokens), so it is no body position.
 * CFG (scale 3, on raw logits): the unconditional prompt is BOS, ``<racm3:break>`` (positions 0 and 1), Anole's
-  ``unconditioned`` row; both rows decode at their own prompt lengths on one ``csd.ragged.RaggedCache``.
+  ``unconditioned`` row; both rows decode at their own prompt lengths on one ``csd.cache.RaggedCache``.
 * Pixels: Meta's VQGAN decoder (``csd.adapters.vqgan``), uint8 truncated as Meta's ``image_tokenizer.py`` does.
 """
 

@@ -12,7 +12,7 @@ nothing about acceptance rules or caches. The contract, in the vocabulary of doc
   ``sampling.guidance_scale != 1``), ids or embeddings; rows may differ in length, and one may be empty.
 * ``body_inputs(ids [N, K])``: the model inputs of body token ids.
 * ``decode_step(inputs, cache, position_ids, attention_mask)``: one forward of the decoder and the output head,
-  **raw** logits ``[N, q, V_raw]``; ``cache`` is a ``csd.ragged.RaggedCache`` (None: a plain full-sequence forward,
+  **raw** logits ``[N, q, V_raw]``; ``cache`` is a ``csd.cache.RaggedCache`` (None: a plain full-sequence forward,
   the tests' oracle). Turning logits into the target ``q`` is the shared processor pipeline's job
   (``csd.processors``), built from ``sampling``.
 * ``decoder()``: the transformers decoder whose layers the cache serves (its config, dtype, device).
@@ -148,7 +148,7 @@ class ModelAdapter(ABC):
     def decode_step(self, inputs: torch.Tensor, cache: Any, position_ids: torch.Tensor | None,
                     attention_mask: torch.Tensor | None) -> torch.Tensor:
         """Decoder + output head: ``inputs [N, q, ...]`` -> raw logits ``[N, q, V_raw]`` (``cache``: a
-        ``csd.ragged.RaggedCache`` with the position ids and 4D additive mask its ``extend`` returned, or None)."""
+        ``csd.cache.RaggedCache`` with the position ids and 4D additive mask its ``extend`` returned, or None)."""
 
     @abstractmethod
     def decoder(self) -> Any:
@@ -213,12 +213,8 @@ def to_uint8(images: torch.Tensor) -> torch.Tensor:
     return pixels.permute(0, 2, 3, 1).cpu()
 
 
-class MissingWeightsError(FileNotFoundError):
-    """Raised (with an actionable message) when a model's files are not available offline."""
-
-
 #: a loader's ``_target_`` (``module.function``) -> its weights check: called with the loader's config values, it
-#: raises the :class:`MissingWeightsError` the loader would, without loading anything (``csd.config.check_weights``)
+#: raises the :class:`MissingWeightsError` the loader would, without loading anything (``csd.compose.check_weights``)
 WEIGHTS_CHECKS: dict[str, Callable[..., None]] = {}
 
 

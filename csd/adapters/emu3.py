@@ -7,7 +7,7 @@
   ``vocabulary_mapping`` (a lookup).
 * CFG 3 with a *negative prompt* (same image header) as the unconditional branch, top-k 2048. The
   original combines log-softmax values; combining raw logits gives the same ``q`` (a per-row constant). Both rows
-  decode at their own prompt lengths on one ``csd.ragged.RaggedCache`` (``CFGRowsAdapter``; one forward per engine
+  decode at their own prompt lengths on one ``csd.cache.RaggedCache`` (``CFGRowsAdapter``; one forward per engine
   iteration).
 * Pixels: ``model.decode_image_tokens`` (HF's Emu3 VQ decoder; values in about [-1, 1]).
 

@@ -19,15 +19,15 @@ from transformers import JanusConfig, JanusForConditionalGeneration, PreTrainedM
 
 from csd.adapters.base import (
     BodyLayout,
-    MissingWeightsError,
     ModelAdapter,
     SamplingConfig,
     checks_weights,
     resolve_dtype,
     to_uint8,
 )
+from csd.cache import RaggedCache
+from csd.errors import MissingWeightsError
 from csd.hub import download_command, load_local_first, model_files_present
-from csd.ragged import RaggedCache
 
 PromptEncoder = Callable[[str], torch.Tensor]
 

@@ -26,7 +26,6 @@ from transformers.models.janus.modeling_janus import JanusVQVAE
 
 from csd.adapters.base import (
     BodyLayout,
-    MissingWeightsError,
     ModelAdapter,
     SamplingConfig,
     checks_weights,
@@ -35,6 +34,7 @@ from csd.adapters.base import (
 )
 from csd.adapters.llamagen_gpt import LlamaGenConfig, LlamaGenGPT, checkpoint_state
 from csd.adapters.vqgan import read_state_dict
+from csd.errors import MissingWeightsError
 from csd.hub import load_local_first, model_files_present
 
 #: caption features per prompt (``--t5-feature-max-len``) and their width (flan-t5-xl's ``d_model``)

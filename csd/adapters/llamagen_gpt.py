@@ -7,7 +7,7 @@ zero vectors: every query scores every condition key 0, and the condition reache
 
 What differs from the original's module, on purpose:
 
-* The attention runs on ``csd.ragged.RaggedCache`` (``cache.update(k, v, layer)``, the 4D additive mask and position
+* The attention runs on ``csd.cache.RaggedCache`` (``cache.update(k, v, layer)``, the 4D additive mask and position
   ids its ``extend`` returns), or without a cache (a causal mask; the tests' oracle).
 * The caption's padding mask travels inside the keys. LlamaGen left-pads a caption to 120 positions and hides the
   padded positions from every query with a per-image mask; here each key carries :data:`MASK_CHANNELS` extra channels,
@@ -45,7 +45,7 @@ def find_multiple(n: int, k: int) -> int:
 
 @dataclass
 class LlamaGenConfig:
-    """The original's ``ModelArgs`` at inference, in the names ``csd.ragged.RaggedCache`` and ``csd.plan`` read.
+    """The original's ``ModelArgs`` at inference, in the names ``csd.cache.RaggedCache`` and ``csd.plan`` read.
 
     ``grid``: image tokens per side (``block_size = grid ** 2``); ``class_dropout_prob > 0`` gives the class table its
     null row (id ``num_classes``), as in training. ``head_dim`` is the cache's (the attention head plus, for ``t2i``,

@@ -10,7 +10,7 @@
   structural token is a forced position; the free positions are image tokens, whose ids map to VQ
   codes through ``vocabulary_mapping.bpe2img`` (a lookup table, not an offset).
 * CFG (scale 3, on raw logits): the unconditional context is the sequence from ``<racm3:break>`` on
-  (no prompt). Every row of every slot decodes on one ``csd.ragged.RaggedCache`` with its own prompt length
+  (no prompt). Every row of every slot decodes on one ``csd.cache.RaggedCache`` with its own prompt length
   (the unconditional row's is 0), one forward per engine iteration, which gives the logits of a separate
   unconditional pass (tested). The unconditional row's first prediction has no context: its logits are the
   conditional row's, so CFG leaves it (the forced ``<racm3:break>``) unguided, as Lumina's CFG processor
@@ -40,14 +40,7 @@ import torch
 from torch import nn
 from transformers import ChameleonConfig, ChameleonForConditionalGeneration, PreTrainedModel
 
-from csd.adapters.base import (
-    BodyLayout,
-    MissingWeightsError,
-    ModelAdapter,
-    SamplingConfig,
-    checks_weights,
-    resolve_dtype,
-)
+from csd.adapters.base import BodyLayout, ModelAdapter, SamplingConfig, checks_weights, resolve_dtype
 from csd.adapters.vqgan import (
     META_VQGAN_SOURCE,
     VQGANConfig,
@@ -56,8 +49,9 @@ from csd.adapters.vqgan import (
     codes_from_rows,
     load_vqgan_decoder,
 )
+from csd.cache import RaggedCache
+from csd.errors import MissingWeightsError
 from csd.hub import download_command, load_local_first, model_files_present
-from csd.ragged import RaggedCache
 
 TextEncoder = Callable[[str], torch.Tensor]
 #: a Chameleon-family adapter class

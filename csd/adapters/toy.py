@@ -10,8 +10,9 @@ from __future__ import annotations
 import torch
 from transformers import LlamaForCausalLM, LlamaModel
 
-from csd.adapters.base import BodyLayout, MissingWeightsError, ModelAdapter, SamplingConfig
-from csd.ragged import RaggedCache
+from csd.adapters.base import BodyLayout, ModelAdapter, SamplingConfig
+from csd.cache import RaggedCache
+from csd.errors import MissingWeightsError
 from csd.toy import EAGLE_HEAD_FILE, LM_DIR, TOKENIZER_FILE
 from csd.toy.model import load_toy_lm
 from csd.toy.tokenizer import GRID, PatchTokenizer

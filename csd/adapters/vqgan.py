@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from csd.adapters.base import MissingWeightsError
+from csd.errors import MissingWeightsError
 
 VQGAN_PREFIXES = ("decoder.", "post_quant_conv.", "quantize.embedding.weight")
 

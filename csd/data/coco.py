@@ -10,8 +10,8 @@ from typing import Any
 
 from pycocotools.coco import COCO
 
-from csd.config import ConfigError
-from csd.data.files import DatasetFileError, read_json, require_file
+from csd.data.files import read_json, require_file
+from csd.errors import ConfigError, DatasetFileError
 from csd.prompts import Prompt
 
 

@@ -8,14 +8,10 @@ from typing import Any
 
 import torch
 
-from csd.config import ConfigError
 from csd.device import available_memory, gb
+from csd.errors import DatasetFileError, MissingDataError
 
 DOWNLOAD_HINT = "bash experiments/download_data.sh"
-
-
-class MissingDataError(FileNotFoundError):
-    """A benchmark file is missing; the message names the command that fetches it."""
 
 
 def require_file(path: str | Path, what: str, key: str) -> Path:
@@ -28,10 +24,6 @@ def require_file(path: str | Path, what: str, key: str) -> Path:
     if p.is_dir():
         raise DatasetFileError(f"{key}={path} is a directory; give the path of the {what}")
     return p
-
-
-class DatasetFileError(ConfigError):
-    """A benchmark file is malformed; the message starts with ``<file>:<line>`` or ``<file>: <entry>``."""
 
 
 def read_json(path: Path) -> Any:

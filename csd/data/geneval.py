@@ -6,7 +6,8 @@ import json
 import shutil
 from pathlib import Path
 
-from csd.data.files import DatasetFileError, check_size, require_file
+from csd.data.files import check_size, require_file
+from csd.errors import DatasetFileError
 from csd.prompts import Prompt
 from csd.records import load_records
 

@@ -7,27 +7,20 @@ SJD's rule only); ``pjd``: PJD's Jacobi chains on several rows at once (lossy, a
 drafter.
 """
 
-from csd.drafters.base import (
-           COUPLINGS,
-           DRAFT_RECORDS,
-           INIT_SCHEMES,
-           STAT_KEYS,
-           BodyIds,
-           Drafter,
-           Proposal,
-           Verified,
-)
-from csd.drafters.chain import ChainDrafter
-from csd.drafters.draft_model import DraftModelDrafter
-from csd.drafters.eagle import EagleDrafter
-from csd.drafters.pac_tree import PacTreeDrafter
-from csd.drafters.pjd import PJDDrafter
-from csd.drafters.zipar import ZipARDrafter
+from __future__ import annotations
 
-#: drafter name -> class (``conf/drafter/<name>.yaml``)
-DRAFTERS: dict[str, type[Drafter]] = {"chain": ChainDrafter, "pac_tree": PacTreeDrafter, "draft_model": DraftModelDrafter,
-                                      "eagle": EagleDrafter, "zipar": ZipARDrafter, "pjd": PJDDrafter}
+import importlib
+from typing import Any
 
-__all__ = ["COUPLINGS", "DRAFTERS", "DRAFT_RECORDS", "INIT_SCHEMES", "STAT_KEYS", "BodyIds", "ChainDrafter",
-           "DraftModelDrafter", "Drafter", "EagleDrafter", "PJDDrafter", "PacTreeDrafter", "Proposal", "Verified",
-           "ZipARDrafter"]
+#: the drafters by class name -> their module, imported on first use (``conf/drafter/<name>.yaml``'s ``_target_``
+#: names them here: importing this package imports none, and so no model library)
+DRAFTERS = {"ChainDrafter": "chain", "PacTreeDrafter": "pac_tree", "DraftModelDrafter": "draft_model",
+            "EagleDrafter": "eagle", "ZipARDrafter": "zipar", "PJDDrafter": "pjd"}
+
+__all__ = sorted(DRAFTERS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in DRAFTERS:
+        return getattr(importlib.import_module(f"{__name__}.{DRAFTERS[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -24,18 +24,15 @@ import torch.nn.functional as F
 
 from csd.acceptance import AcceptanceRule
 from csd.adapters.base import ModelAdapter
+from csd.keys import COUPLINGS, DRAFT_RECORDS, INIT_SCHEMES
 from csd.params import Param, Parametrized
 from csd.schema import Choice, Int
 from csd.verify import exponential_noise
 
 if TYPE_CHECKING:
-    from csd.engine import Slot
+    from csd.slot import Slot
     from csd.tree import TreeMask
 
-INIT_SCHEMES = ("random", "repeat_left")
-COUPLINGS = ("none", "maximal", "gumbel")
-#: the recorded ``p`` of a fresh random draft: one-hot on itself, or the uniform law it was drawn from
-DRAFT_RECORDS = ("onehot", "uniform")
 #: per-image counters every drafter reports, in this order (records, docs/ALGORITHMS.md "What is recorded");
 #: ``drafter_forwards``: forwards of the drafter's own model (0 for drafters without one: chain, pac_tree)
 STAT_KEYS = ("drafts_proposed", "drafts_verified", "drafts_accepted", "relaxed_accepts", "filter_checks", "filter_passes",
@@ -68,7 +65,7 @@ class Proposal:
     after the forward for a drafter that reads them (:attr:`Drafter.reads_features`), else None. ``shift [B, fed]``:
     position ids other than the cache order (entry ``j`` of a slot whose cache holds ``e`` entries has position id
     ``e + j + shift[b, j]`` and sees the entries written so far whose position id is at most its own:
-    ``csd.ragged.RaggedCache.extend``; ZipAR, PJD), None: position id = cache order, causal. ``groups [B, fed]`` (with
+    ``csd.cache.RaggedCache.extend``; ZipAR, PJD), None: position id = cache order, causal. ``groups [B, fed]`` (with
     ``shift``; PJD's row-causal windows): inside the window an entry sees only group-0 entries and its own group's."""
 
     ids: torch.Tensor

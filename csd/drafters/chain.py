@@ -22,7 +22,7 @@ from csd.records import COMMIT_ACCEPTED, COMMIT_RELAXED, COMMIT_SAMPLED
 from csd.verify import WindowNoise, WindowResult, couple_drafts, verify_window
 
 if TYPE_CHECKING:
-    from csd.engine import Slot
+    from csd.slot import Slot
 
 
 @dataclass

@@ -12,6 +12,7 @@ forced token and no draft forward; the last ``layout.jacobi_tail`` positions are
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -24,22 +25,16 @@ from csd.device import to_device
 from csd.drafters.base import STAT_KEYS, BodyIds, Drafter, Proposal, Verified
 from csd.drafters.chain import ChainWindow, chain_proposal, verify_chains
 from csd.params import Param
+from csd.presets import choices
 from csd.processors import TargetPipeline
 from csd.ragged import SlotBatch
 from csd.schema import Group, Int
 from csd.verify import exponential_noise, sample_race
 
 if TYPE_CHECKING:
-    from csd.engine import Slot
+    from csd.slot import Slot
 
 FORWARDS = STAT_KEYS.index("drafter_forwards")
-
-
-def model_presets(group: str) -> list[str]:
-    """The model presets ``drafter.model`` may name (``csd.config.choices``, imported here: it imports the drafters)."""
-    from csd.config import choices
-
-    return choices(group)
 
 
 def mismatch(draft: ModelAdapter, target: ModelAdapter) -> str | None:
@@ -90,20 +85,22 @@ class Plan:
 class DraftModelDrafter(Drafter):
     """Speculative sampling with a draft model: ``gamma`` drafts per window, drawn autoregressively from ``model``.
 
-    ``draft``: an adapter already loaded for ``model`` (tests, the Python API); None: the preset is loaded when the
-    engine binds the drafter (``csd.config.load_draft_adapter``, with the target's sampling settings).
+    ``draft``: an adapter already loaded for ``model`` (tests, the Python API); None: ``load(model, target)`` loads the
+    preset when the engine binds the drafter (the composition root gives ``csd.compose.load_draft_adapter``: the preset
+    with the target's sampling settings).
     """
 
     name = "draft_model"
     PARAMS = {
-        "model": Param(Group(group="model", options=model_presets), "toy_draft",
+        "model": Param(Group(group="model", options=choices), "toy_draft",
                        "the draft model: a model preset of the target's image vocabulary and body layout"),
         "gamma": Param(Int(min=1), 4, "drafts per window, each drawn from one draft-model forward"),
     }
 
-    def __init__(self, draft: ModelAdapter | None = None, **values: Any) -> None:
+    def __init__(self, draft: ModelAdapter | None = None,
+                 load: Callable[[str, ModelAdapter], ModelAdapter] | None = None, **values: Any) -> None:
         super().__init__(**values)
-        self.draft = draft
+        self.draft, self.load = draft, load
 
     def check_params(self) -> None:
         """Nothing across keys: ``model`` and ``gamma`` are checked by their specs, the model itself when bound."""
@@ -132,9 +129,10 @@ class DraftModelDrafter(Drafter):
         """Load the draft model (unless given) and check that it can draft for ``adapter`` (one ``ValueError`` line)."""
         super().bind(adapter, body, pad)
         if self.draft is None:
-            from csd.config import load_draft_adapter  # csd.config imports the drafters
-
-            self.draft = load_draft_adapter(self.model, adapter)
+            if self.load is None:
+                raise ValueError(f"drafter.model={self.model}: no draft adapter and no loader; build the drafter with "
+                                 "csd.compose.build_drafter, or pass draft=<adapter>")
+            self.draft = self.load(self.model, adapter)
         problem = mismatch(self.draft, adapter)
         if problem is not None:
             raise ValueError(f"drafter.model={self.model} cannot draft for this target: {problem}")

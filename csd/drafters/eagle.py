@@ -3,7 +3,7 @@
 The head is one Llama decoder layer over ``fc([e(x_{t+1}); f_t])``: ``e`` the target's input embedding of the next
 token, ``f_t`` the target's last hidden state at position ``t`` (after its final norm, what its output head reads).
 Its output ``f'_{t+1}`` goes through the **target's own output head**: ``head(f'_{t+1})`` are the raw draft logits of
-the token after ``x_{t+1}``. The head keeps a small KV cache of its own (a :class:`csd.ragged.RaggedCache` with the
+the token after ``x_{t+1}``. The head keeps a small KV cache of its own (a :class:`csd.cache.RaggedCache` with the
 target's rows: one per CFG row of each slot) over the committed pairs ``(x_{t+1}, f_t)``.
 
 One iteration of an image at ``n`` committed tokens: the pairs committed by the last forward (the target's features
@@ -37,6 +37,7 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRot
 
 from csd.acceptance import AcceptanceRule
 from csd.adapters.base import ModelAdapter
+from csd.cache import RaggedCache
 from csd.device import to_device
 from csd.drafters.base import STAT_KEYS, BodyIds, Proposal, Verified
 from csd.drafters.chain import ChainDrafter, ChainWindow
@@ -44,13 +45,12 @@ from csd.drafters.lantern_head import PromptPairs, is_lantern, lantern_kind, lan
 from csd.drafters.tree_window import TreeWindow, tree_grid, verify_tree_window
 from csd.params import Param
 from csd.processors import TargetPipeline
-from csd.ragged import RaggedCache
 from csd.schema import Choice, Int, Str
 from csd.tree import Tree, TreeMask, without_replacement
 from csd.verify import exponential_noise, sample_race
 
 if TYPE_CHECKING:
-    from csd.engine import Slot
+    from csd.slot import Slot
 
 #: the decoder-layer sizes a head file stores (the head's width is the target's)
 HEAD_SIZES = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim", "rms_norm_eps")

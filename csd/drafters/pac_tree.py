@@ -20,15 +20,16 @@ import torch.nn.functional as F
 from csd.acceptance import AcceptanceRule, lossless_residual
 from csd.adapters.base import ModelAdapter
 from csd.device import to_device
-from csd.drafters.base import COUPLINGS, DRAFT_RECORDS, BodyIds, Drafter, Proposal, Verified
+from csd.drafters.base import BodyIds, Drafter, Proposal, Verified
 from csd.drafters.tree_window import TreeWindow, tree_grid, verify_tree_window
+from csd.keys import COUPLINGS, DRAFT_RECORDS
 from csd.params import Param
 from csd.schema import Bool, Choice, Int
 from csd.tree import Tree, TreeMask, TreeVerdict, branch_nodes, tree_problem, without_replacement
 from csd.verify import couple_drafts, exponential_noise
 
 if TYPE_CHECKING:
-    from csd.engine import Slot
+    from csd.slot import Slot
 
 
 @dataclass

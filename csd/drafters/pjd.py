@@ -37,7 +37,7 @@ from csd.schema import Bool, Int
 from csd.verify import couple_drafts
 
 if TYPE_CHECKING:
-    from csd.engine import Slot
+    from csd.slot import Slot
 
 #: a window entry visible to every chain of its forward (a committed token: an anchor, a completed row's last token)
 SHARED = 0

@@ -20,7 +20,7 @@ import torch
 from csd.adapters.base import BodyLayout
 
 if TYPE_CHECKING:
-    from csd.engine import Slot
+    from csd.slot import Slot
 
 
 def proxy_row(row: int) -> int:

@@ -23,7 +23,7 @@ from csd.tree import Tree, TreeMask, TreeVerdict, verify_tree
 from csd.verify import WindowNoise, sample_race
 
 if TYPE_CHECKING:
-    from csd.engine import Slot
+    from csd.slot import Slot
 
 #: a tree's verification grid on the device (:meth:`csd.tree.Tree.grid`) and each internal node's grid cell
 Grid = tuple[tuple[torch.Tensor, torch.Tensor], dict[int, tuple[int, int]]]

@@ -31,7 +31,7 @@ from csd.schema import Int
 from csd.verify import WindowNoise, sample_race
 
 if TYPE_CHECKING:
-    from csd.engine import Slot
+    from csd.slot import Slot
 
 #: an entry's source cell when it is the prompt's last token (the first forward's anchor)
 PROMPT_TAIL = -1

@@ -15,7 +15,7 @@ import open_clip
 import torch
 from tqdm import tqdm
 
-from csd.adapters.base import MissingWeightsError
+from csd.errors import MissingWeightsError
 from csd.evaluation.images import RAW, Preprocess, load_rgb
 from csd.hub import load_local_first
 

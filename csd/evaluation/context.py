@@ -11,7 +11,8 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from csd.records import RecordsError, check_records_match, image_readable, load_located_records
+from csd.errors import RecordsError
+from csd.records import check_records_match, image_readable, load_located_records
 
 
 class NotApplicable(Exception):

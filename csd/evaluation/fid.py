@@ -19,7 +19,7 @@ from torch import nn
 from torchmetrics.image.fid import FrechetInceptionDistance
 from tqdm import tqdm
 
-from csd.adapters.base import MissingWeightsError
+from csd.errors import MissingWeightsError
 
 INCEPTION_FILE = "weights-inception-2015-12-05-6726825d.pth"
 _REAL_STATES = ("real_features_sum", "real_features_cov_sum", "real_features_num_samples")

@@ -7,8 +7,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from csd.errors import RecordsError
 from csd.evaluation import PER_IMAGE_FILE
-from csd.records import RecordsError, load_records, record_files, records_digest
+from csd.records import load_records, record_files, records_digest
 
 #: states of :func:`metrics_state`
 CURRENT, STALE, UNVERIFIED = "current", "stale", "unverified"

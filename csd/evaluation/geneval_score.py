@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from PIL import Image
 from tqdm import tqdm
 
-from csd.adapters.base import MissingWeightsError
+from csd.errors import MissingWeightsError
 from csd.evaluation.clip_score import ClipModel, check_open_clip, load_open_clip
 from csd.evaluation.context import EvalContext, MetricOutput, NotApplicable
 from csd.evaluation.images import load_rgb

@@ -14,6 +14,8 @@ import numpy as np
 import torch
 from PIL import Image
 
+from csd.registry import IMAGE_STEPS, step_error
+
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
 
 
@@ -65,27 +67,15 @@ def clean_bicubic(image: Image.Image, size: int) -> Image.Image:
     return Image.fromarray(np.rint(np.stack(channels, axis=2).clip(0, 255)).astype(np.uint8))
 
 
-#: step name -> (function, whether the step takes a size: ``name:<px>``)
-STEPS: dict[str, tuple[Callable[..., Image.Image], bool]] = {
-    "crop_long_edge": (crop_long_edge, False),
-    "center_crop": (center_crop, True),
-    "resize_shorter": (resize_shorter, True),
-    "lanczos": (lanczos, True),
-    "bilinear": (bilinear, True),
-    "clean_bicubic": (clean_bicubic, True),
+#: step name -> its function (whether it takes a size: ``csd.registry.IMAGE_STEPS``, where the config checks read it)
+STEPS: dict[str, Callable[..., Image.Image]] = {
+    "crop_long_edge": crop_long_edge,
+    "center_crop": center_crop,
+    "resize_shorter": resize_shorter,
+    "lanczos": lanczos,
+    "bilinear": bilinear,
+    "clean_bicubic": clean_bicubic,
 }
-
-
-def step_error(step: str) -> str | None:
-    """What is wrong with a step string (``name`` or ``name:<px>``), or None."""
-    name, _, size = step.partition(":")
-    if name not in STEPS:
-        return f"unknown image step {step!r}; choose from {sorted(STEPS)}"
-    if STEPS[name][1] and not (size.isdigit() and int(size) >= 1):
-        return f"image step {step!r} needs a size: {name}:<px>, px >= 1"
-    if not STEPS[name][1] and size:
-        return f"image step {step!r} takes no size: write {name}"
-    return None
 
 
 @dataclass(frozen=True)
@@ -107,8 +97,8 @@ class Preprocess:
     def __call__(self, image: Image.Image) -> Image.Image:
         for step in self.steps:
             name, _, size = step.partition(":")
-            fn, sized = STEPS[name]
-            image = fn(image, int(size)) if sized else fn(image)
+            fn = STEPS[name]
+            image = fn(image, int(size)) if IMAGE_STEPS[name] else fn(image)
         return image
 
     def describe(self) -> list[str]:

@@ -1,4 +1,4 @@
-"""The metrics of the evaluate stage (registered by name in ``csd.evaluation.registry``).
+"""The metrics of the evaluate stage (registered by name in ``csd.registry``).
 
 Each takes the :class:`EvalContext` and returns a :class:`MetricOutput`; toy runs swap in the toy
 CLIP, toy-CLIP-feature FID against rendered scenes, and the scene checker.
@@ -15,7 +15,8 @@ from typing import Any
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from csd.data.files import DOWNLOAD_HINT, MissingDataError
+from csd.data.files import DOWNLOAD_HINT
+from csd.errors import MissingDataError
 from csd.evaluation import content, speed, toy
 from csd.evaluation.clip_features import ClipImageFeatures
 from csd.evaluation.clip_score import (

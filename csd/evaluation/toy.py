@@ -17,7 +17,7 @@ import torch
 from hydra.utils import get_method
 from tqdm import tqdm
 
-from csd.adapters.base import MissingWeightsError
+from csd.errors import MissingWeightsError
 from csd.evaluation.clip_score import ClipModel
 from csd.evaluation.content import on_grid, region_grid
 from csd.evaluation.images import load_rgb, to_tensor, uint8_batches

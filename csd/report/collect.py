@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from csd.config import MOVED_TO_DRAFTER, current_method_params
+from csd.deprecations import MOVED_TO_DRAFTER, current_method_params
 from csd.evaluation import METRICS_FILE, PER_IMAGE_FILE
 from csd.evaluation.freshness import STALE, UNVERIFIED, metrics_state, refresh_hint
 from csd.evaluation.intervals import Comparison, paired_difference, paired_speedup

@@ -9,7 +9,9 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from csd.config import CONF_DIR, MOVED_TO_DRAFTER, TREE_KEYS, ConfigError
+from csd.deprecations import MOVED_TO_DRAFTER, TREE_KEYS
+from csd.errors import ConfigError
+from csd.presets import CONF_DIR
 
 #: the drafters that record no ``drafter`` entry in ``method_params`` (csd.drafters.base.Drafter.params)
 CHAIN, TREE = "chain", "pac_tree"
@@ -17,7 +19,7 @@ CHAIN, TREE = "chain", "pac_tree"
 
 def drafter_of(params: dict[str, Any]) -> str:
     """The drafter a run's recorded ``method_params`` were decoded with: their ``drafter`` entry, else the tree
-    drafter where the tree keys say so (``tree_width`` > 1; ``csd.config.move_deprecated_keys`` reads ``1`` as the
+    drafter where the tree keys say so (``tree_width`` > 1; ``csd.deprecations.move_deprecated_keys`` reads ``1`` as the
     chain), else the chain."""
     if "drafter" in params:
         return str(params["drafter"])
@@ -25,7 +27,7 @@ def drafter_of(params: dict[str, Any]) -> str:
 
 
 def label_params(params: dict[str, Any]) -> dict[str, Any]:
-    """Recorded ``method_params`` under the current names of their config keys (:data:`csd.config.MOVED_TO_DRAFTER`),
+    """Recorded ``method_params`` under the current names of their config keys (:data:`csd.deprecations.MOVED_TO_DRAFTER`),
     without the drafter's name (:func:`drafter_of` gives it) and, on the chain, without the tree keys of
     ``K = 1`` some runs recorded."""
     drafter = drafter_of(params)
@@ -44,7 +46,7 @@ def default_drafter(method: str) -> str | None:
     method without a ``conf/method/`` file."""
     if not (CONF_DIR / "method" / f"{method}.yaml").exists():
         return None
-    from csd.study import method_config
+    from csd.presets import method_config
 
     return str(method_config(method, {}).drafter.name)
 
@@ -56,8 +58,8 @@ def method_defaults(method: str, drafter: str | None = None) -> dict[str, Any] |
     :func:`default_drafter`), or None for a method or drafter without a config file in ``conf/``."""
     if not (CONF_DIR / "method" / f"{method}.yaml").exists():
         return None
-    from csd.config import method_params
-    from csd.study import method_config
+    from csd.compose import method_params
+    from csd.presets import method_config
 
     setup = method_config(method, {})
     if drafter is not None and drafter != setup.drafter.name:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 from omegaconf import OmegaConf
 
-from csd.config import CONF_DIR
+from csd.presets import CONF_DIR
 from csd.report.collect import method_label
 from csd.report.labels import CHAIN, default_drafter, method_defaults
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from csd.config import ConfigError
+from csd.errors import ConfigError
 from csd.prompts import Prompt
 
 IMAGE_SIZE = 32

@@ -16,11 +16,12 @@ import torch
 from baselines.relaxed import Amplify
 from csd.acceptance import SJD
 from csd.adapters.anole import ANOLE_GRID, AnoleAdapter, load_anole_adapter, tiny_anole_adapter
-from csd.adapters.base import MissingWeightsError
 from csd.adapters.lumina import TINY_BYTE0
-from csd.config import ConfigError, validate
-from csd.drafters import ChainDrafter
-from csd.engine import JacobiEngine, Request
+from csd.drafters.chain import ChainDrafter
+from csd.engine import JacobiEngine
+from csd.errors import ConfigError, MissingWeightsError
+from csd.slot import Request
+from csd.validate import validate
 from tests.helpers import chi_square_pvalue, decode_counts, rejecting_anole
 from tests.pipeline.test_config import make_cfg
 
@@ -208,7 +209,7 @@ def test_paper_preset_composes_and_validates(tmp_path):
     LlamaGen drafter's folder is refused there in one line."""
     from hydra import compose, initialize_config_dir
 
-    from csd.config import CONF_DIR
+    from csd.presets import CONF_DIR
 
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
         cfg = compose("config", overrides=["experiment=paper_anole_7b"], return_hydra_config=True)

@@ -9,9 +9,10 @@ import torch
 from omegaconf import OmegaConf
 
 from csd.acceptance import CSD, SJD
-from csd.config import CONF_DIR, build_adapter
-from csd.drafters import ChainDrafter
+from csd.compose import build_adapter
+from csd.drafters.chain import ChainDrafter
 from csd.engine import JacobiEngine
+from csd.presets import CONF_DIR
 from csd.toy.domain import toy_prompts
 
 torch.set_num_threads(1)

@@ -13,7 +13,7 @@ import torch
 from baselines.relaxed import Amplify
 from csd.acceptance import CSD, SJD
 from csd.adapters.emu3 import Emu3Adapter, tiny_emu3_adapter
-from csd.drafters import ChainDrafter
+from csd.drafters.chain import ChainDrafter
 from csd.engine import JacobiEngine
 from tests.helpers import OneImage, forced_token_run, random_body, rejecting_emu3
 

@@ -26,10 +26,11 @@ from csd.adapters.llamagen import (
     vq_state_for_janus,
 )
 from csd.adapters.llamagen_gpt import checkpoint_state
-from csd.drafters import ChainDrafter
-from csd.engine import JacobiEngine, Request
+from csd.drafters.chain import ChainDrafter
+from csd.engine import JacobiEngine
 from csd.processors import TargetPipeline
 from csd.ragged import reference_logits
+from csd.slot import Request
 from tests.helpers import (
     check_windows_against_reference,
     chi_square_pvalue,
@@ -271,7 +272,8 @@ def test_imagenet_class_prompts():
      r"^dataset=imagenet_classes holds class ids, but model=llamagen_t2i_tiny takes captions"),
 ])
 def test_class_ids_and_captions_are_not_mixed(overrides, message):
-    from csd.config import ConfigError, validate
+    from csd.errors import ConfigError
+    from csd.validate import validate
     from tests.pipeline.test_config import make_cfg
 
     with pytest.raises(ConfigError, match=message):
@@ -311,7 +313,8 @@ def test_paper_presets_compose_and_validate(preset, model, protocol, methods, tm
     time) validate."""
     from hydra import compose, initialize_config_dir
 
-    from csd.config import CONF_DIR, validate
+    from csd.presets import CONF_DIR
+    from csd.validate import validate
     from tests.pipeline.test_config import make_cfg
 
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):

@@ -17,15 +17,15 @@ from scipy.stats import chisquare
 
 from baselines.relaxed import Amplify
 from csd.acceptance import CSD, SJD
-from csd.adapters.base import MissingWeightsError
 from csd.adapters.lumina import (
     QK_NORM_SUFFIXES,
     LuminaAdapter,
     load_lumina_adapter,
     tiny_lumina_adapter,
 )
-from csd.drafters import ChainDrafter
+from csd.drafters.chain import ChainDrafter
 from csd.engine import JacobiEngine
+from csd.errors import MissingWeightsError
 from tests.helpers import (
     DecodeCounts,
     OneImage,

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from csd.adapters.base import MissingWeightsError
+from csd.errors import MissingWeightsError
 from csd.toy.checker import background_kind, check_image, detect, segment
 from csd.toy.domain import (
     SCENE_KIND_PROBS,

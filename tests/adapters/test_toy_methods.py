@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from csd import Decoder
-from csd.config import choices
+from csd.presets import choices
 from csd.toy.domain import toy_prompts
 
 

@@ -17,7 +17,6 @@ from transformers.models.chameleon.modeling_chameleon import (
     ChameleonVQVAEEncoderResnetBlock,
 )
 
-from csd.adapters.base import MissingWeightsError
 from csd.adapters.vqgan import (
     AttnBlock,
     ResnetBlock,
@@ -26,6 +25,7 @@ from csd.adapters.vqgan import (
     codes_from_rows,
     load_vqgan_decoder,
 )
+from csd.errors import MissingWeightsError
 
 TINY = VQGANConfig(n_embed=16, embed_dim=4, z_channels=8, ch=32, ch_mult=(1, 2, 2), num_res_blocks=1,
                    attn_resolutions=(4,), resolution=16)

@@ -18,8 +18,9 @@ import pytest
 
 from baselines.gsd import GSD
 from csd.acceptance import CSD, SJD
-from csd.drafters import ChainDrafter
-from csd.engine import JacobiEngine, Request
+from csd.drafters.chain import ChainDrafter
+from csd.engine import JacobiEngine
+from csd.slot import Request
 from tests.helpers import (
     DecodeCounts,
     active_slots_per_forward,

@@ -16,10 +16,11 @@ import pytest
 import torch
 
 from csd.acceptance import SJD
-from csd.drafters import DraftModelDrafter
-from csd.engine import JacobiEngine, Request
+from csd.drafters.draft_model import DraftModelDrafter
+from csd.engine import JacobiEngine
 from csd.processors import TargetPipeline
 from csd.ragged import reference_logits
+from csd.slot import Request
 from tests.helpers import (
     chi_square_pvalue,
     exact_sequence_distribution,

@@ -11,10 +11,11 @@ import pytest
 import torch
 
 from csd.acceptance import SJD
-from csd.config import ConfigError, build_drafter
-from csd.drafters import EagleDrafter
-from csd.drafters.eagle import EagleHead, head_config, save_head
-from csd.engine import JacobiEngine, Request
+from csd.compose import build_drafter
+from csd.drafters.eagle import EagleDrafter, EagleHead, head_config, save_head
+from csd.engine import JacobiEngine
+from csd.errors import ConfigError
+from csd.slot import Request
 from tests.helpers import (
     chi_square_pvalue,
     decode_counts,

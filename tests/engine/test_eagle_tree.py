@@ -13,10 +13,10 @@ import torch
 from omegaconf import OmegaConf
 
 from csd.acceptance import SJD
-from csd.config import ConfigError, build_drafter
-from csd.drafters import EagleDrafter
-from csd.drafters.eagle import STATIC_TREES, static_tree
+from csd.compose import build_drafter
+from csd.drafters.eagle import STATIC_TREES, EagleDrafter, static_tree
 from csd.engine import JacobiEngine
+from csd.errors import ConfigError
 from csd.fast import CompiledStep
 from tests.engine.test_eagle import random_head
 from tests.helpers import (

@@ -14,7 +14,7 @@ from baselines.lantern import Lantern
 from baselines.relaxed import Addition, Amplify
 from csd.acceptance import CSD, SJD
 from csd.adapters.janus import TINY_BOI, TINY_BOS, TINY_PAD, tiny_byte_encoder
-from csd.drafters import ChainDrafter
+from csd.drafters.chain import ChainDrafter
 from csd.engine import JacobiEngine
 from csd.fast import CompiledStep
 from csd.records import COMMIT_ACCEPTED, COMMIT_RELAXED, COMMIT_SAMPLED

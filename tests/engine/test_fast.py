@@ -18,10 +18,11 @@ import pytest
 import torch
 
 from csd.acceptance import CSD, SJD
-from csd.drafters import ChainDrafter
-from csd.engine import JacobiEngine, Request
+from csd.drafters.chain import ChainDrafter
+from csd.engine import JacobiEngine
 from csd.fast import CompiledStep
 from csd.ragged import SlotBatch, reference_logits
+from csd.slot import Request
 from experiments import bench_latency
 from tests.helpers import OneImage, decode_counts, host_reads_per_batched_run, rejecting_janus
 

@@ -18,8 +18,8 @@ import pytest
 import torch
 
 from csd.acceptance import CSD, SJD
-from csd.engine import Request
 from csd.fast import CompiledStep
+from csd.slot import Request
 from tests.engine.test_fast import batch_requests, decode_many, unique_graphs
 from tests.helpers import rejecting_janus
 

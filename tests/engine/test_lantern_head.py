@@ -19,12 +19,13 @@ from safetensors.torch import save_file
 from csd.acceptance import SJD
 from csd.adapters.llamagen_gpt import apply_rotary, rotary_angles
 from csd.api import Decoder
-from csd.config import ConfigError, build_drafter
-from csd.drafters import EagleDrafter
-from csd.drafters.eagle import load_head
+from csd.cache import RaggedCache
+from csd.compose import build_drafter
+from csd.drafters.eagle import EagleDrafter, load_head
 from csd.drafters.lantern_head import INPUT_TYPES, LAYER_KEYS
-from csd.engine import JacobiEngine, Request
-from csd.ragged import RaggedCache
+from csd.engine import JacobiEngine
+from csd.errors import ConfigError
+from csd.slot import Request
 from tests.helpers import rejecting_anole, rejecting_janus, rejecting_llamagen
 
 

@@ -14,7 +14,7 @@ import torch
 
 from baselines.relaxed import Amplify
 from csd.acceptance import SJD, AcceptanceRule
-from csd.drafters import ChainDrafter
+from csd.drafters.chain import ChainDrafter
 from csd.engine import JacobiEngine
 from tests.helpers import chi_square_pvalue, decode_counts, exact_sequence_distribution, rejecting_janus
 

@@ -22,12 +22,14 @@ from baselines.lantern import Lantern
 from csd.acceptance import CSD, SJD
 from csd.adapters.janus import tiny_janus_adapter
 from csd.adapters.toy import load_toy_adapter
-from csd.config import ConfigError, validate
-from csd.drafters import ChainDrafter, PJDDrafter
-from csd.drafters.pjd import Chain, Commits, Row
-from csd.engine import JacobiEngine, Request
+from csd.drafters.chain import ChainDrafter
+from csd.drafters.pjd import Chain, Commits, PJDDrafter, Row
+from csd.engine import JacobiEngine
+from csd.errors import ConfigError
 from csd.ragged import SlotBatch
 from csd.records import COMMIT_FORCED
+from csd.slot import Request
+from csd.validate import validate
 from tests.helpers import (
     make_cfg,
     rejecting_anole,
@@ -275,7 +277,7 @@ def test_paper_presets_compose_and_validate(preset, model, methods, contexts):
     PJD rows are SJD's rule on drafter=pjd with the paper's window 8 and context."""
     from hydra import compose, initialize_config_dir
 
-    from csd.config import CONF_DIR
+    from csd.presets import CONF_DIR
 
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
         cfg = compose("config", overrides=[f"experiment={preset}"], return_hydra_config=True)

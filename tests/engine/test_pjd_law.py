@@ -19,7 +19,7 @@ import torch
 
 from csd.acceptance import SJD
 from csd.adapters.base import BodyLayout
-from csd.drafters import PJDDrafter
+from csd.drafters.pjd import PJDDrafter
 from csd.engine import JacobiEngine
 from csd.processors import TargetPipeline
 from tests.engine.test_pjd import Entry, reference_logits

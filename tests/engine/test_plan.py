@@ -14,10 +14,13 @@ import torch
 from omegaconf import OmegaConf
 
 from csd.cli import run_stages
-from csd.config import CONF_DIR, ConfigError, build_adapter, validate
+from csd.compose import build_adapter
+from csd.errors import ConfigError
 from csd.plan import GB, MAX_BATCH, model_shape, plan_memory, preset_configs, resolve_batch_size
+from csd.presets import CONF_DIR
 from csd.ragged import SlotBatch
 from csd.toy.domain import toy_prompts
+from csd.validate import validate
 from tests.pipeline.test_config import make_cfg
 
 PROMPTS = [p.text for p in toy_prompts(3)]  # in the toy's vocabulary; bytes for the tiny Janus
@@ -113,7 +116,7 @@ def test_plan_stage_prints_the_plan(capsys):
 
 
 def test_an_auto_batch_that_fits_nothing_ends_the_run_in_one_line(capsys, tmp_path, monkeypatch):
-    monkeypatch.setattr("csd.cli.check_weights", lambda model: None)  # as if the 7B's files were there
+    monkeypatch.setattr("csd.compose.check_weights", lambda model: None)  # as if the 7B's files were there
     cfg = make_cfg("stage=generate", "model=janus_pro_7b", "engine.batch_size=auto", "engine.memory_gb=8", "device=cpu",
                    f"run_dir={tmp_path / 'run'}")
     with pytest.raises(SystemExit) as exit_:

@@ -16,7 +16,8 @@ import torch.nn.functional as F
 from baselines.lantern import Lantern
 from csd.acceptance import SJD, Residual, lossless_residual
 from csd.adapters.janus import tiny_janus_adapter
-from csd.drafters import ChainDrafter, PacTreeDrafter
+from csd.drafters.chain import ChainDrafter
+from csd.drafters.pac_tree import PacTreeDrafter
 from csd.engine import STAT_KEYS, JacobiEngine
 from csd.verify import WindowNoise, sample_race, verify_window
 from tests.helpers import chi_square_pvalue

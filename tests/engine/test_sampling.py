@@ -14,7 +14,7 @@ import torch
 
 from baselines.gsd import GSD
 from csd.acceptance import SJD, lossless_residual
-from csd.drafters import ChainDrafter
+from csd.drafters.chain import ChainDrafter
 from csd.engine import JacobiEngine
 from csd.processors import classifier_free_guidance
 from csd.verify import couple_drafts, exponential_noise, sample, sample_race, verify_window

@@ -29,15 +29,16 @@ from scipy import stats
 from csd.acceptance import CSD, SJD, entropy
 from csd.adapters.janus import tiny_janus_adapter
 from csd.adapters.toy import load_toy_adapter
-from csd.config import ConfigError, validate
-from csd.drafters import PacTreeDrafter
+from csd.drafters.pac_tree import PacTreeDrafter
 from csd.engine import JacobiEngine
+from csd.errors import ConfigError
 from csd.fast import CompiledStep
 from csd.pipeline import generate_run
 from csd.processors import TargetPipeline
 from csd.ragged import SlotBatch, reference_logits
 from csd.records import COMMIT_ACCEPTED, COMMIT_FORCED, COMMIT_RELAXED, COMMIT_SAMPLED, load_records
 from csd.tree import Tree, tree_nodes, verify_tree, without_replacement
+from csd.validate import validate
 from csd.verify import exponential_noise, sample_race
 from tests.helpers import chi_square_pvalue, decode_counts, make_cfg, rejecting_janus, rejecting_lumina
 

@@ -16,9 +16,10 @@ import torch
 from csd.acceptance import SJD
 from csd.adapters.base import ModelAdapter
 from csd.adapters.janus import tiny_janus_adapter
-from csd.drafters import ChainDrafter
-from csd.engine import JacobiEngine, Request
+from csd.drafters.chain import ChainDrafter
+from csd.engine import JacobiEngine
 from csd.processors import TargetPipeline
+from csd.slot import Request
 from tests.helpers import (
     OneImage,
     decode_counts,

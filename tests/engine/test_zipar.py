@@ -21,12 +21,14 @@ import torch
 
 from csd.acceptance import SJD
 from csd.adapters.base import BodyLayout
-from csd.config import ConfigError, validate
-from csd.drafters import ChainDrafter, ZipARDrafter
-from csd.drafters.zipar import PROMPT_TAIL, Forward, zipar_schedule
-from csd.engine import JacobiEngine, Request
+from csd.drafters.chain import ChainDrafter
+from csd.drafters.zipar import PROMPT_TAIL, Forward, ZipARDrafter, zipar_schedule
+from csd.engine import JacobiEngine
+from csd.errors import ConfigError
 from csd.processors import TargetPipeline
 from csd.ragged import SlotBatch
+from csd.slot import Request
+from csd.validate import validate
 from tests.helpers import (
     chi_square_pvalue,
     exact_sequence_distribution,

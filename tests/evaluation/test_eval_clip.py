@@ -11,7 +11,7 @@ import torch
 from PIL import Image
 from torch import nn
 
-from csd.adapters.base import MissingWeightsError
+from csd.errors import MissingWeightsError
 from csd.evaluation.clip_features import ClipImageFeatures
 from csd.evaluation.clip_score import ClipModel, clip_scores, load_open_clip
 

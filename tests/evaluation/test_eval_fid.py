@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from csd.adapters.base import MissingWeightsError
+from csd.errors import MissingWeightsError
 from csd.evaluation.fid import generated_fid, inception_fid, load_reference, load_reference_stats, module_fid
 from csd.evaluation.images import Preprocess, file_batches, uint8_batches
 from csd.evaluation.images import to_tensor as img_to_tensor

@@ -11,9 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from csd.evaluation import evaluate_run
+from csd.evaluate import evaluate_run, summary_line
 from csd.evaluation.clip_score import load_open_clip
-from csd.evaluation.run import summary_line
 from csd.prompts import Prompt
 from tests.evaluation.test_eval_clip import tiny_config
 from tests.evaluation.test_eval_fixtures import eval_cfg, make_run

@@ -20,8 +20,8 @@ from matplotlib.legend import Legend
 from matplotlib.text import Text
 from matplotlib.transforms import Bbox
 
-from csd.config import MOVED_TO_DRAFTER
-from csd.evaluation import evaluate_run
+from csd.deprecations import MOVED_TO_DRAFTER
+from csd.evaluate import evaluate_run
 from csd.report import build_report
 from csd.report.collect import results_frame
 from csd.report.content_plots import entropy_figure, regions_figure

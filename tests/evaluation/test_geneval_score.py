@@ -12,7 +12,8 @@ import torch
 from PIL import Image
 from torch import nn
 
-from csd.adapters.base import MissingWeightsError
+from csd.errors import MissingWeightsError
+from csd.evaluate import evaluate_run
 from csd.evaluation import METRICS_FILE
 from csd.evaluation.clip_score import ClipModel
 from csd.evaluation.context import EvalContext, NotApplicable
@@ -32,8 +33,7 @@ from csd.evaluation.geneval_score import (
     score_image,
     task_accuracies,
 )
-from csd.evaluation.registry import metric
-from csd.evaluation.run import evaluate_run
+from csd.registry import metric
 from tests.evaluation.test_eval_fixtures import eval_cfg, make_run, solid_image
 
 SIZE = 64

@@ -13,7 +13,8 @@ import pytest
 import torch
 from matplotlib.container import ErrorbarContainer
 
-from csd.evaluation import PER_IMAGE_FILE, evaluate_run
+from csd.evaluate import evaluate_run
+from csd.evaluation import PER_IMAGE_FILE
 from csd.evaluation.fid import generated_fid, load_reference, module_fid
 from csd.evaluation.fid_interval import (
     FeatureRecorder,

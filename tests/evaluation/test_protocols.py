@@ -17,14 +17,16 @@ from omegaconf import OmegaConf
 from PIL import Image
 from torch import nn
 
-from csd.config import CAPTION_RULES, ConfigError, validate
 from csd.data.coco import CAPTION_RULES as COCO_RULES
 from csd.data.coco import coco2017_prompts
-from csd.data.files import DatasetFileError
-from csd.evaluation import evaluate_run
+from csd.errors import ConfigError, DatasetFileError
+from csd.evaluate import evaluate_run
 from csd.evaluation.clip_score import CLAMPS, load_open_clip
 from csd.evaluation.fid import module_fid
-from csd.evaluation.images import Preprocess, step_error
+from csd.evaluation.images import Preprocess
+from csd.keys import CAPTION_RULES
+from csd.registry import step_error
+from csd.validate import validate
 from tests.evaluation.test_eval_clip import tiny_config
 from tests.evaluation.test_eval_fixtures import make_run
 from tests.pipeline.test_config import make_cfg
@@ -292,6 +294,6 @@ def test_presets_settings_land_in_metrics_json(tmp_path: Path, coco_run, preset:
 
 
 def test_clamp_names_match_the_schema() -> None:
-    from csd.config import SCHEMA
+    from csd.keys import SCHEMA
 
     assert SCHEMA["eval.clip.clamp"].options == CLAMPS

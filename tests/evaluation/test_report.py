@@ -15,7 +15,7 @@ from matplotlib.image import AxesImage
 from matplotlib.text import Text
 from omegaconf import OmegaConf
 
-from csd.evaluation import evaluate_run
+from csd.evaluate import evaluate_run
 from csd.report import SweepReportCallback, build_report, content_plots
 from csd.report.collect import find_run_dirs, results_frame
 from csd.report.content_plots import heatmap_figure

@@ -6,7 +6,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from csd import Decoder
-from csd.config import CONF_DIR, ConfigError
+from csd.errors import ConfigError
+from csd.presets import CONF_DIR
 
 
 def test_decoder_generates_and_switches_methods():

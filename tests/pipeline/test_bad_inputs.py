@@ -23,7 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from csd.cli import INPUT_ERRORS, preflight
+from csd.cli import preflight
+from csd.errors import INPUT_ERRORS
 
 ROOT = Path(__file__).resolve().parents[2]
 #: the audit's limits per input: wall seconds, bytes of address space (torch's CPU import maps about 3 GB)

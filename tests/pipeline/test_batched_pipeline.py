@@ -9,12 +9,13 @@ from pathlib import Path
 import pytest
 from omegaconf import open_dict
 
-from csd.config import ConfigError, validate
 from csd.engine import JacobiEngine
+from csd.errors import ConfigError
 from csd.evaluation.speed import speed_metrics
 from csd.pipeline import GenerationInterrupted, generate_run, run_info_file
 from csd.ragged import SlotBatch
 from csd.records import RECORDS_FILE, load_records
+from csd.validate import validate
 from experiments import bench_throughput
 from tests.pipeline.test_config import make_cfg
 

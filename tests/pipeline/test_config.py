@@ -13,18 +13,12 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import open_dict
 
-from csd.config import (
-    CONF_DIR,
-    ConfigError,
-    build_drafter,
-    build_rule,
-    choices,
-    method_params,
-    model_preset,
-    validate,
-)
+from csd.compose import build_drafter, build_rule, method_params
+from csd.errors import ConfigError
 from csd.pipeline import generate_run
+from csd.presets import CONF_DIR, choices, model_preset
 from csd.records import RECORDS_FILE, load_records
+from csd.validate import validate
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -70,7 +64,7 @@ def test_paper_variants_override_their_base_method():
 def test_renamed_rule_keys_keep_working_with_one_warning(caplog):
     """LANTERN's ``k``/``delta`` are ``neighbours``/``budget`` and Amplify's ``k`` is ``factor`` (distinct names for
     distinct meanings; CSD keeps ``lam`` and ``delta``); the old names still set them, with a warning."""
-    with caplog.at_level(logging.WARNING, logger="csd.config"):
+    with caplog.at_level(logging.WARNING, logger="csd.validate"):
         cfg = make_cfg("method=lantern", "method.k=64", "method.delta=0.3")
         validate(cfg)
     assert build_rule(cfg.method).params() == {"neighbours": 64, "budget": 0.3}
@@ -92,7 +86,7 @@ def test_method_files_give_their_rules_declared_defaults():
     declare; a drafter file sets every declared parameter to its default."""
     from hydra.utils import get_class
 
-    from csd.config import SHARED_METHOD_KEYS
+    from csd.keys import SHARED_METHOD_KEYS
 
     for name in choices("method"):
         cfg = make_cfg(f"method={name}")
@@ -113,7 +107,7 @@ def test_method_files_give_their_rules_declared_defaults():
 def test_deprecated_method_drafting_keys_move_to_the_drafter_with_one_warning(caplog):
     """``method.window`` & co. keep working for one release: they set the drafter's keys (a tree width switches to
     ``drafter=pac_tree`` with the chain's other settings, as the method keys decoded before the drafter group)."""
-    with caplog.at_level(logging.WARNING, logger="csd.config"):
+    with caplog.at_level(logging.WARNING, logger="csd.validate"):
         cfg = make_cfg("method=mcsjd", "method.window=32")
         validate(cfg)
     assert (cfg.drafter.window, cfg.drafter.coupling, cfg.method.window) == (32, "maximal", None)

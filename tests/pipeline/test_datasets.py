@@ -10,10 +10,10 @@ import pytest
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from csd.config import ConfigError, load_prompts
+from csd.compose import load_prompts
 from csd.data.coco import coco2017_prompts
-from csd.data.files import MissingDataError
 from csd.data.geneval import export_geneval, geneval_prompts
+from csd.errors import ConfigError, MissingDataError
 from tests.evaluation.test_eval_fixtures import REPO, make_run
 
 

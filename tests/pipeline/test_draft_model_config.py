@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from csd.config import ConfigError, method_params, validate
+from csd.compose import method_params
+from csd.errors import ConfigError
+from csd.validate import validate
 from tests.pipeline.test_config import make_cfg
 
 REPO = Path(__file__).resolve().parents[2]

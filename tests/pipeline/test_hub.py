@@ -23,9 +23,9 @@ import torch
 from huggingface_hub.utils import _http
 
 from csd import hub
-from csd.adapters.base import MissingWeightsError
 from csd.adapters.janus import load_janus_adapter
 from csd.adapters.lumina import _local_dir
+from csd.errors import MissingWeightsError
 from csd.evaluation.clip_score import load_open_clip
 from csd.evaluation.geneval_score import load_detector
 

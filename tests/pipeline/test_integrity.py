@@ -14,12 +14,13 @@ import pytest
 from omegaconf import open_dict
 
 from csd.cli import run_stages
-from csd.config import ConfigError
-from csd.evaluation import METRICS_FILE, evaluate_run
+from csd.errors import ConfigError, RecordsError
+from csd.evaluate import evaluate_run
+from csd.evaluation import METRICS_FILE
 from csd.evaluation.context import EvalContext
 from csd.evaluation.freshness import metrics_state
 from csd.pipeline import generate_run
-from csd.records import RECORDS_FILE, REJECTED_FILE, RecordsError, RecordWriter, load_records, records_digest
+from csd.records import RECORDS_FILE, REJECTED_FILE, RecordWriter, load_records, records_digest
 from csd.report import build_report
 from csd.report.collect import load_run
 from csd.rundir import LOCK_FILE

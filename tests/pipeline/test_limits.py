@@ -9,12 +9,13 @@ import pytest
 
 from csd import limits
 from csd.cli import preflight
-from csd.config import ConfigError, validate
-from csd.drafters import ChainDrafter
+from csd.drafters.chain import ChainDrafter
+from csd.errors import ConfigError
 from csd.pipeline import image_seed
 from csd.plan import model_shape
 from csd.prompts import Prompt
 from csd.tree import tree_problem
+from csd.validate import validate
 from tests.pipeline.test_config import make_cfg
 
 CORES = limits.usable_cores()
@@ -113,8 +114,8 @@ def test_a_key_given_twice_is_refused_whatever_its_kind(tmp_path: Path, monkeypa
 
 def test_a_prompts_file_larger_than_the_available_ram_is_refused_before_it_is_read(tmp_path: Path, monkeypatch) -> None:
     from csd.data.coco import coco2017_prompts
-    from csd.data.files import DatasetFileError
     from csd.data.geneval import geneval_prompts
+    from csd.errors import DatasetFileError
 
     (tmp_path / "meta.jsonl").write_text('{"prompt": "a photo of a cat"}\n')
     (tmp_path / "captions.json").write_text('{"images": [], "annotations": []}')

@@ -21,7 +21,7 @@ MODULE = '''
 import torch
 
 from csd.acceptance import AcceptanceRule, Verdict, likelihood_ratio
-from csd.drafters import ChainDrafter
+from csd.drafters.chain import ChainDrafter
 from csd.params import Param
 from csd.schema import Float
 

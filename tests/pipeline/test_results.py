@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from csd import Decoder
-from csd.drafters import EagleDrafter, PJDDrafter
+from csd.drafters.eagle import EagleDrafter
+from csd.drafters.pjd import PJDDrafter
 from csd.records import load_records
 
 RESULTS = Path(__file__).resolve().parents[2] / "results"

@@ -12,12 +12,12 @@ import pytest
 from omegaconf import OmegaConf, open_dict
 
 from csd.cli import run_stages
-from csd.config import ConfigError
 from csd.engine import JacobiEngine
+from csd.errors import ConfigError, LockHeldError, RecordsError
 from csd.evaluation.context import EvalContext
-from csd.lockfile import FileLock, LockHeldError
+from csd.lockfile import FileLock
 from csd.pipeline import generate_run
-from csd.records import RECORDS_FILE, REJECTED_FILE, RecordsError, image_readable, load_records
+from csd.records import RECORDS_FILE, REJECTED_FILE, image_readable, load_records
 from csd.rundir import ADDED_KEYS, FINGERPRINT_FILE, LOCK_FILE, stored_fingerprint
 from tests.evaluation.test_eval_fixtures import REPO, eval_cfg, make_run
 from tests.pipeline.test_config import make_cfg

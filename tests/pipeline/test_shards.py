@@ -17,10 +17,11 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf, open_dict
 
 from csd.cli import interrupted_message, one_gpu_per_shard
-from csd.config import CONF_DIR, ConfigError, load_prompts
-from csd.evaluation import evaluate_run
-from csd.lockfile import LockHeldError
+from csd.compose import load_prompts
+from csd.errors import ConfigError, LockHeldError
+from csd.evaluate import evaluate_run
 from csd.pipeline import generate_run
+from csd.presets import CONF_DIR
 from csd.records import RECORDS_FILE, load_records, record_files
 from csd.rundir import RunLock, check_fingerprint, shard_of
 from csd.status import status_table

@@ -15,7 +15,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from csd import study
 from csd.cli import run_stages
-from csd.config import CONF_DIR, ConfigError
+from csd.errors import ConfigError
+from csd.presets import CONF_DIR
 from csd.records import RECORDS_FILE
 from tests.evaluation.test_eval_fixtures import REPO
 
@@ -122,9 +123,9 @@ def test_bad_study_config_is_one_line_before_any_model_loads(tmp_path: Path, mon
     def no_model(*args: object, **kwargs: object) -> None:
         raise AssertionError("a model was loaded")
 
-    monkeypatch.setattr("csd.config.build_adapter", no_model)
+    monkeypatch.setattr("csd.compose.build_adapter", no_model)
     with pytest.raises(ConfigError, match="^" + message.replace("[", r"\[").replace("(", r"\(")):
-        from csd.config import validate
+        from csd.validate import validate
 
         validate(cfg)
         study.check_study(cfg)
@@ -198,7 +199,7 @@ def test_figures_when_no_rule_reaches_a_target(tmp_path: Path) -> None:
 def test_entropy_regimes_preset_is_one_valid_study_per_temperature() -> None:
     """experiment=entropy_regimes: a sweep over the three chosen temperatures (results/entropy_regimes/regimes.md),
     one study directory each, named by the temperature; every regime's study config passes the study's checks."""
-    from csd.config import validate
+    from csd.validate import validate
 
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         sweep = compose(config_name="config", overrides=["experiment=entropy_regimes"], return_hydra_config=True)

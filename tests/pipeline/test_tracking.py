@@ -8,7 +8,7 @@ import pytest
 import wandb
 from omegaconf import OmegaConf
 
-from csd.evaluation import evaluate_run
+from csd.evaluate import evaluate_run
 from tests.evaluation.test_eval_fixtures import REPO, eval_cfg, make_run
 
 pytestmark = pytest.mark.slow  # each test evaluates a run into an offline W&B run

@@ -12,9 +12,14 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.utils import get_class
 from omegaconf import OmegaConf, open_dict
 
-from csd import cli, config
-from csd.config import CONF_DIR, ConfigError, build_rule, choices, method_params, validate
+from csd import cli, compose, deprecations, keys, registry
+from csd import overrides as override_checks
+from csd import validate as validation
+from csd.compose import build_rule, method_params
+from csd.errors import ConfigError
 from csd.limits import usable_cores
+from csd.presets import CONF_DIR, choices
+from csd.validate import validate
 from tests.pipeline.test_config import make_cfg, run_cli
 
 #: the config groups whose every key must have a schema entry
@@ -101,16 +106,16 @@ def test_cli_prints_one_error_line_before_the_model_loads(tmp_path, overrides, m
 
 def _leaf_keys(node: object, prefix: str) -> list[str]:
     """Dotted keys of a YAML file's values (``defaults`` excluded), a schema key counting as a leaf."""
-    keys = []
+    found = []
     for key, value in node.items():
         path = f"{prefix}{key}"
         if key == "defaults":
             continue
-        if isinstance(value, dict) and path not in config.SCHEMA:
-            keys += _leaf_keys(value, path + ".")
+        if isinstance(value, dict) and path not in keys.SCHEMA:
+            found += _leaf_keys(value, path + ".")
         else:
-            keys.append(path)
-    return keys
+            found.append(path)
+    return found
 
 
 def test_every_config_key_has_a_schema_entry():
@@ -121,33 +126,33 @@ def test_every_config_key_has_a_schema_entry():
     for group, path in files:
         if group in ("method", "drafter"):  # checked as composed: the class's declarations
             cfg = make_cfg(f"{group}={path.stem}")
-            missing += [f"{path.name}: {key}" for key, _ in config._leaves(cfg[group], f"{group}.")
-                        if key not in config.SCHEMA and config.declared_spec(cfg, key) is None
-                        and key[7:] not in config.SHARED_METHOD_KEYS]
+            missing += [f"{path.name}: {key}" for key, _ in validation._leaves(cfg[group], f"{group}.")
+                        if key not in keys.SCHEMA and validation.declared_spec(cfg, key) is None
+                        and key[7:] not in keys.SHARED_METHOD_KEYS]
             continue
         data = OmegaConf.to_container(OmegaConf.load(path))
-        missing += [f"{path.name}: {k}" for k in _leaf_keys(data, group + ".") if k not in config.SCHEMA]
+        missing += [f"{path.name}: {k}" for k in _leaf_keys(data, group + ".") if k not in keys.SCHEMA]
     rules = [get_class(make_cfg(f"method={m}").method._target_) for m in choices("method")]
-    used = {k for cls in rules for k in (*cls.PARAMS, *cls.renamed)} | set(config.MOVED_TO_DRAFTER)
-    missing += [f"method_keys.yaml: {k} (no rule declares it)" for k in config.SHARED_METHOD_KEYS if k not in used]
+    used = {k for cls in rules for k in (*cls.PARAMS, *cls.renamed)} | set(deprecations.MOVED_TO_DRAFTER)
+    missing += [f"method_keys.yaml: {k} (no rule declares it)" for k in keys.SHARED_METHOD_KEYS if k not in used]
     top = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "config.yaml"))
     top = {k: v for k, v in top.items() if k != "hydra"}  # nested keys too (dataset.num_shards, status.stale_min)
-    missing += [f"config.yaml: {k}" for k in _leaf_keys(top, "") if k not in config.SCHEMA]
+    missing += [f"config.yaml: {k}" for k in _leaf_keys(top, "") if k not in keys.SCHEMA]
     assert not missing
     assert {group for group, _ in files} == set(SCHEMA_GROUPS)  # every group's files were found
 
 
 def test_per_target_specs_name_real_targets():
     targets = {OmegaConf.load(p).get("_target_") for g in SCHEMA_GROUPS for p in (CONF_DIR / g).glob("*.yaml")}
-    for spec in config.SCHEMA.values():
+    for spec in keys.SCHEMA.values():
         assert set(getattr(spec, "by", {})) <= targets
 
 
 def test_every_registered_metric_resolves():
     """The registry names a function for each metric, imported only when used."""
-    from csd.evaluation.registry import METRICS, metric
+    from csd.registry import METRICS, metric
 
-    assert config.metric_names() == sorted(METRICS)
+    assert registry.metric_names() == sorted(METRICS)
     assert all(callable(metric(name)) for name in METRICS)
     with pytest.raises(KeyError, match="unknown metric 'bleu'"):
         metric("bleu")
@@ -165,7 +170,7 @@ def test_method_common_is_not_a_method(tmp_path):
 
 
 def test_unknown_keys_are_warned_about_in_one_line(caplog):
-    with caplog.at_level(logging.WARNING, logger="csd.config"):
+    with caplog.at_level(logging.WARNING, logger="csd.validate"):
         validate(make_cfg("+foo=1", "+method.bar=2", "+eval.fid.colour=red"))
     unknown = [r.getMessage() for r in caplog.records if "foo" in r.getMessage()]
     assert len(unknown) == 1 and "\n" not in unknown[0]
@@ -176,7 +181,7 @@ def test_ignored_method_keys_are_warned_about_once_per_run(caplog):
     def warnings() -> list[str]:
         return [r.getMessage() for r in caplog.records if "ignoring" in r.getMessage() and "lam" in r.getMessage()]
 
-    with caplog.at_level(logging.WARNING, logger="csd.config"):
+    with caplog.at_level(logging.WARNING, logger="csd.validate"):
         cfg = make_cfg("method=sjd", "method.lam=0.3")
         validate(cfg)
         build_rule(cfg.method)
@@ -236,7 +241,7 @@ def test_non_finite_numbers_never_reach_json():
 )
 def test_typos_are_refused_with_the_closest_known_names(args, message):
     with pytest.raises(ConfigError, match=message) as err:
-        config.check_overrides(args)
+        override_checks.check_overrides(args)
     assert "\n" not in str(err.value)
 
 
@@ -250,7 +255,7 @@ def test_typos_are_refused_with_the_closest_known_names(args, message):
     ],
 )
 def test_valid_command_lines_pass_the_typo_check(args):
-    config.check_overrides(args)
+    override_checks.check_overrides(args)
 
 
 @pytest.mark.slow
@@ -262,7 +267,7 @@ def test_a_typo_on_the_command_line_is_one_line_instead_of_hydras_hint(tmp_path)
 
 
 def test_unknown_added_keys_are_warned_about_with_the_closest_key(caplog):
-    with caplog.at_level(logging.WARNING, logger="csd.config"):
+    with caplog.at_level(logging.WARNING, logger="csd.validate"):
         validate(make_cfg("+method.lamm=0.1"))
     assert any("method.lamm (did you mean method.lam?)" in r.getMessage() for r in caplog.records)
 
@@ -272,8 +277,8 @@ def test_unknown_added_keys_are_warned_about_with_the_closest_key(caplog):
 
 def test_more_prompts_than_the_toy_split_holds_are_refused_before_building_them():
     with pytest.raises(ConfigError, match=r"^dataset\.n_prompts=20000, but dataset=toy has 10000 prompts per split"):
-        config.load_prompts(make_cfg("dataset.n_prompts=20000").dataset)
-    assert len(config.load_prompts(make_cfg("dataset.n_prompts=10000").dataset)) == 10000
+        compose.load_prompts(make_cfg("dataset.n_prompts=20000").dataset)
+    assert len(compose.load_prompts(make_cfg("dataset.n_prompts=10000").dataset)) == 10000
 
 
 def test_a_published_protocol_on_the_toy_is_refused():
@@ -310,7 +315,7 @@ def test_evaluate_with_another_method_is_one_cli_line(tmp_path):
 
 
 def test_max_cache_len_without_compile_is_warned_about(caplog):
-    with caplog.at_level(logging.WARNING, logger="csd.config"):
+    with caplog.at_level(logging.WARNING, logger="csd.validate"):
         validate(make_cfg("engine.max_cache_len=10"))
     assert any("engine.max_cache_len=10" in r.getMessage() and "engine.compile=true" in r.getMessage()
                for r in caplog.records)
@@ -320,33 +325,33 @@ def test_max_cache_len_without_compile_is_warned_about(caplog):
 
 
 def test_eval_metrics_default_per_model_and_chosen_for_every_model():
-    assert config.eval_metrics(make_cfg().eval, "toy") == ["speed", "content", "clip_score", "fid", "scene", "regions"]
-    assert config.eval_metrics(make_cfg().eval, "janus_pro_7b") == ["speed", "content", "clip_score", "fid"]
+    assert keys.eval_metrics(make_cfg().eval, "toy") == ["speed", "content", "clip_score", "fid", "scene", "regions"]
+    assert keys.eval_metrics(make_cfg().eval, "janus_pro_7b") == ["speed", "content", "clip_score", "fid"]
     for model in ("toy", "janus_pro_7b"):
-        assert config.eval_metrics(make_cfg("eval.metrics=[speed,fid]").eval, model) == ["speed", "fid"]
+        assert keys.eval_metrics(make_cfg("eval.metrics=[speed,fid]").eval, model) == ["speed", "fid"]
 
 
 def test_a_toy_metric_for_another_model_is_one_line():
     with pytest.raises(ConfigError, match=r"^eval\.metrics=\['speed', 'scene'\]: model=janus_pro_7b has no 'scene' "
                                           r"metric \(the toy's only"):
-        config.eval_metrics(make_cfg("eval.metrics=[speed,scene]").eval, "janus_pro_7b")
+        keys.eval_metrics(make_cfg("eval.metrics=[speed,scene]").eval, "janus_pro_7b")
     with pytest.raises(ConfigError, match="model=janus_pro_tiny has no 'regions' metric"):
         cli.check_inputs(make_cfg("model=janus_pro_tiny", "eval.metrics=[regions]"), [])
 
 
 def test_the_old_toy_metrics_key_still_works_with_a_deprecation_line(caplog):
     cfg = make_cfg("eval.toy.metrics=[speed]")
-    with caplog.at_level(logging.WARNING, logger="csd.config"):
+    with caplog.at_level(logging.WARNING, logger="csd.validate"):
         validate(cfg)
     assert any("eval.toy.metrics is deprecated: use eval.metrics" in r.getMessage() for r in caplog.records)
-    assert config.eval_metrics(cfg.eval, "toy") == ["speed"]
-    assert config.eval_metrics(cfg.eval, "janus_pro_7b") == ["speed", "content", "clip_score", "fid"]
+    assert keys.eval_metrics(cfg.eval, "toy") == ["speed"]
+    assert keys.eval_metrics(cfg.eval, "janus_pro_7b") == ["speed", "content", "clip_score", "fid"]
     with pytest.raises(ConfigError, match="set only eval.metrics"):
-        config.eval_metrics(make_cfg("eval.toy.metrics=[speed]", "eval.metrics=[fid]").eval, "toy")
+        keys.eval_metrics(make_cfg("eval.toy.metrics=[speed]", "eval.metrics=[fid]").eval, "toy")
 
 
 def test_eval_metrics_are_honoured_for_the_toy(tmp_path):
-    from csd.evaluation import evaluate_run
+    from csd.evaluate import evaluate_run
     from tests.evaluation.test_eval_fixtures import eval_cfg, make_run
 
     run = make_run(tmp_path / "r", "csd", method_params={"lam": 0.1, "delta": 0.5})
@@ -412,7 +417,7 @@ def test_a_plan_needs_no_prompts_so_a_class_conditional_model_needs_no_class_ids
 
 
 def test_every_model_that_reads_files_has_a_weights_check():
-    """What makes a sweep refuse missing weights before its first job (csd.config.check_weights): every preset that
+    """What makes a sweep refuse missing weights before its first job (csd.compose.check_weights): every preset that
     names files (``model.path``, a checkpoint) has its loader's check registered."""
     from hydra.utils import get_method
 

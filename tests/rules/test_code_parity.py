@@ -13,9 +13,11 @@ import torch
 from baselines.gsd import GSD
 from baselines.lantern import Lantern
 from csd.acceptance import entropy, lossless_residual
-from csd.config import ConfigError, build_rule, method_params, validate
-from csd.drafters import ChainDrafter
+from csd.compose import build_rule, method_params
+from csd.drafters.chain import ChainDrafter
 from csd.engine import JacobiEngine
+from csd.errors import ConfigError
+from csd.validate import validate
 from tests.helpers import count_host_reads, rejecting_janus
 from tests.pipeline.test_config import make_cfg
 

@@ -16,10 +16,12 @@ import torch
 from csd.acceptance import SJD
 from csd.adapters.base import EntropyTemperature, SamplingConfig
 from csd.adapters.janus import tiny_janus_adapter
-from csd.config import ConfigError, build_adapter, validate
-from csd.drafters import ChainDrafter
+from csd.compose import build_adapter
+from csd.drafters.chain import ChainDrafter
 from csd.engine import JacobiEngine
+from csd.errors import ConfigError
 from csd.processors import TargetPipeline
+from csd.validate import validate
 from tests.helpers import chi_square_pvalue, exact_sequence_distribution
 from tests.pipeline.test_config import make_cfg
 

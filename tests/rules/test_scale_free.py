@@ -11,7 +11,8 @@ import torch
 from baselines.gsd import GSD, distance_quantile
 from csd import Decoder
 from csd.api import compose_config
-from csd.config import ConfigError, build_rule
+from csd.compose import build_rule
+from csd.errors import ConfigError
 from csd.toy.domain import toy_prompts
 
 

@@ -11,15 +11,14 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from csd.adapters.base import MissingWeightsError
-from csd.config import ConfigError, eval_metrics
-from csd.data.files import MissingDataError
+from csd.errors import ConfigError, MissingDataError, MissingWeightsError
 from csd.evaluation import METRICS_FILE, PER_IMAGE_FILE
 from csd.evaluation.context import EvalContext, NotApplicable
 from csd.evaluation.fid_interval import GROUPS
 from csd.evaluation.intervals import LEVEL, SEED, run_intervals
-from csd.evaluation.registry import metric
+from csd.keys import eval_metrics
 from csd.records import records_digest
+from csd.registry import metric
 from csd.rundir import expected_images, live_writers
 
 log = logging.getLogger(__name__)
@@ -32,7 +31,7 @@ def evaluate_run(run_dir: Path, cfg: DictConfig) -> dict[str, Any]:
     """Compute the configured metrics of one run, write ``<run_dir>/metrics.json`` and ``per_image.jsonl``
     and return the former's content.
 
-    Metrics come from ``cfg.eval.metrics`` (:func:`csd.config.eval_metrics`: null = the model's own). A metric that
+    Metrics come from ``cfg.eval.metrics`` (:func:`csd.keys.eval_metrics`: null = the model's own). A metric that
     cannot run (missing weights or data, not applicable) is recorded under ``skipped`` with the
     reason, or raises when ``cfg.eval.strict`` is set. Metrics are over the union of a sharded run's shards;
     a run with missing images (:func:`missing_images`), or one a live process still generates into
