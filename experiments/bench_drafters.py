@@ -15,6 +15,11 @@ Prints a table; ``--json FILE`` appends one line per measurement (label, spec, B
 
 from __future__ import annotations
 
+if __spec__ is None:  # run by path: refused in one line naming the `python -m` command (experiments/_entry.py)
+    from _entry import refuse_path_run
+
+    refuse_path_run(__file__)
+
 import argparse
 import json
 import time
@@ -64,7 +69,8 @@ def measure(adapter: Any, spec: str, batch: int, images: int, captions: list[str
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m experiments.bench_drafters",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("--specs", nargs="+", required=True, help="drafters as name:key=value,...")
     parser.add_argument("--batch-sizes", default="1,16")
     parser.add_argument("--images", type=int, default=16)

@@ -26,6 +26,11 @@ Writes ``<out>/<model>_<device>.json`` and ``.md`` (default ``runs/bench/``, unt
 
 from __future__ import annotations
 
+if __spec__ is None:  # run by path: refused in one line naming the `python -m` command (experiments/_entry.py)
+    from _entry import refuse_path_run
+
+    refuse_path_run(__file__)
+
 import argparse
 import contextlib
 import json
@@ -310,7 +315,8 @@ def markdown(res: dict[str, Any]) -> str:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m experiments.bench_latency",
+                                description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="janus_pro_7b", help="a conf/model/ name (Janus-Pro family)")
     p.add_argument("--weights", action="store_true", help="load the checkpoint (default: random weights)")
     p.add_argument("--path", help="hub id or directory overriding the config's model.path")

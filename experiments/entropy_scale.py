@@ -10,6 +10,11 @@ forced structural positions such as Lumina-mGPT's end-of-line tokens are left ou
 
 from __future__ import annotations
 
+if __spec__ is None:  # run by path: refused in one line naming the `python -m` command (experiments/_entry.py)
+    from _entry import refuse_path_run
+
+    refuse_path_run(__file__)
+
 import argparse
 import json
 import math
@@ -49,7 +54,8 @@ def markdown(rows: list[dict[str, Any]]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m experiments.entropy_scale",
+                                     description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", nargs="+", type=Path, help="finished run directories (AR runs show the model's own scale)")
     parser.add_argument("--out", type=Path, help="also write the table here")
     args = parser.parse_args()

@@ -7,6 +7,11 @@ captioned with its method and prompt (wrapped, truncated) so that an image that 
 
 from __future__ import annotations
 
+if __spec__ is None:  # run by path: refused in one line naming the `python -m` command (experiments/_entry.py)
+    from _entry import refuse_path_run
+
+    refuse_path_run(__file__)
+
 import argparse
 import json
 from pathlib import Path
@@ -28,7 +33,8 @@ def sample_grid(run_dirs: list[Path], n: int, tile: int) -> Image.Image:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m experiments.make_sample_grid",
+                                     description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", nargs="+", type=Path)
     parser.add_argument("--n", type=int, default=8, help="prompts (columns)")
     parser.add_argument("--tile", type=int, default=TILE, help="tile width in pixels (small images are upscaled)")

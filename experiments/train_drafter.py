@@ -21,6 +21,11 @@ Usage, from the repository root (run-config overrides choose the model preset an
 
 from __future__ import annotations
 
+if __spec__ is None:  # run by path: refused in one line naming the `python -m` command (experiments/_entry.py)
+    from _entry import refuse_path_run
+
+    refuse_path_run(__file__)
+
 import argparse
 import json
 import sys
@@ -45,7 +50,8 @@ from csd.ragged import reference_features
 
 
 def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m experiments.train_drafter",
+                                     description=__doc__.split("\n")[0])
     parser.add_argument("overrides", nargs="*", help="run-config overrides: model=..., dataset=..., dataset.n_prompts=...")
     parser.add_argument("--out", type=Path, required=True, help="the trained head's file")
     parser.add_argument("--checkpoint", type=Path, default=None, help="checkpoint directory (default: <out>.ckpt)")

@@ -13,6 +13,11 @@ own warm-up and cosine decay, continuing the previous one); ``--init-lm DIR`` co
 
 from __future__ import annotations
 
+if __spec__ is None:  # run by path: refused in one line naming the `python -m` command (experiments/_entry.py)
+    from _entry import refuse_path_run
+
+    refuse_path_run(__file__)
+
 import argparse
 import csv
 import json
@@ -317,7 +322,8 @@ def evaluate(args: argparse.Namespace, tokenizer: PatchTokenizer) -> None:
 
 
 def parse_args() -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="python -m experiments.train_toy",
+                                description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--stages", nargs="+", default=["tokenizer", "lm", "clip", "eval"],
                    choices=["tokenizer", "lm", "clip", "eval"])
     p.add_argument("--out", type=Path, default=ASSETS)
