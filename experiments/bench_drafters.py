@@ -4,9 +4,10 @@ Each spec ``name:key=value,...`` (a drafter of ``csd.drafters.DRAFTERS`` with it
 held-out captions (image ``i``: caption ``i``, seed ``i``) with SJD's rule at every batch size, after one untimed
 warm-up image; ms per iteration = wall time of the pass / engine iterations (forwards), so batch 1 and B = 16 read
 the same way. ``--rounds`` repeats every (spec, B) in turn, so slow spells of a shared machine fall on every spec.
-Only the public engine API is used, so the same file measures an older checkout too
-(``PYTHONPATH=<checkout> python experiments/bench_drafters.py ...`` from this repository's root): a before / after
-pair is two runs of it, alternated, on the same machine. One thread (``torch.set_num_threads(1)``), CPU.
+Only the public engine API is used, so the same file measures an older checkout too (``--checkout DIR``: csd is
+imported from DIR; ``PYTHONPATH`` cannot do it, since ``python -m`` puts the repository root first on ``sys.path``):
+a before / after pair is two runs of it, alternated, on the same machine. One thread (``torch.set_num_threads(1)``),
+CPU.
 
     python -m experiments.bench_drafters --specs chain:window=8 pjd:window=8,context=8 --batch-sizes 1,16 --images 16
 
@@ -22,17 +23,14 @@ if __spec__ is None:  # run by path: refused in one line naming the `python -m` 
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from csd.acceptance import SJD
-from csd.adapters.toy import load_toy_adapter
-from csd.drafters import DRAFTERS
-from csd.engine import JacobiEngine, Request
-from csd.toy.domain import toy_prompts
+# csd is imported inside the functions, after ``--checkout`` chose where from
 
 
 def parse_spec(spec: str) -> tuple[str, dict[str, Any]]:
@@ -48,6 +46,10 @@ def parse_spec(spec: str) -> tuple[str, dict[str, Any]]:
 def measure(adapter: Any, spec: str, batch: int, images: int, captions: list[str]) -> dict[str, float]:
     """One timed pass of ``images`` images at batch ``batch``: seconds, engine iterations, body tokens and the images'
     forwards (``nfe``, per image: step compression = tokens / nfe)."""
+    from csd.acceptance import SJD
+    from csd.drafters import DRAFTERS
+    from csd.engine import JacobiEngine, Request
+
     name, keys = parse_spec(spec)
     engine = JacobiEngine(adapter, SJD(), DRAFTERS[name](**keys), batch_size=batch)
     engine.generate(captions[0], 0)  # warm-up (untimed)
@@ -77,7 +79,20 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--label", default="")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--checkout", type=Path, default=None,
+                        help="measure the csd of this checkout (an older one) instead of this repository's")
     args = parser.parse_args()
+    if args.checkout is not None:
+        if not (args.checkout / "csd" / "__init__.py").is_file():
+            parser.error(f"--checkout {args.checkout} is not a checkout of this repository (no csd/__init__.py)")
+        sys.path.insert(0, str(args.checkout.resolve()))
+    import csd
+    from csd.adapters.toy import load_toy_adapter
+    from csd.drafters import DRAFTERS
+    from csd.toy.domain import toy_prompts
+
+    if args.checkout is not None and not Path(csd.__file__).resolve().is_relative_to(args.checkout.resolve()):
+        parser.error(f"csd was imported from {Path(csd.__file__).parent}, not from --checkout {args.checkout}")
     torch.set_num_threads(1)
     adapter = load_toy_adapter()
     captions = [p.text for p in toy_prompts(args.images)]
