@@ -17,9 +17,9 @@ else from the Janus-Pro-7B / 1B shapes of ``csd.plan.REAL_SHAPES``. Prompts are 
 
 GPU (one H200, 7B shape, ~5 min of which ~130 s compile)::
 
-    HF_HUB_OFFLINE=1 python experiments/bench_latency.py --model janus_pro_7b
+    HF_HUB_OFFLINE=1 python -m experiments.bench_latency --model janus_pro_7b
 
-CPU smoke run (seconds): ``python experiments/bench_latency.py --model janus_pro_tiny --compile-backend aot_eager``.
+CPU smoke run (seconds): ``python -m experiments.bench_latency --model janus_pro_tiny --compile-backend aot_eager``.
 Writes ``<out>/<model>_<device>.json`` and ``.md`` (default ``runs/bench/``, untracked: the committed
 ``results/bench/`` files change only with an explicit ``--out results/bench``).
 """

@@ -1,7 +1,7 @@
 """The matched-compression study across entropy regimes: one table and one figure from finished study directories
 (docs/RESULTS.md "Does the answer depend on entropy?", csd/report/regimes.py).
 
-    python experiments/entropy_regimes.py results/entropy_study results/entropy_regimes/T* \
+    python -m experiments.entropy_regimes results/entropy_study results/entropy_regimes/T* \
         [--out results/entropy_regimes/report] [--bootstrap 1000]
 
 Each directory is a study's root (``stage=study``: ``ar/``, ``sjd/``, the rules' runs, ``study/study.json``);

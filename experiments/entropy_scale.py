@@ -2,7 +2,7 @@
 ``log V`` (CSD's ``entropy_norm=log_vocab``), to compare models before transferring an entropy knob (CSD's ``lam``,
 entropy-aware SJD's ``e``; docs/RESULTS.md "Is entropy the right signal?").
 
-    python experiments/entropy_scale.py results/entropy_study/ar [more run dirs] [--out entropy_scale.md]
+    python -m experiments.entropy_scale results/entropy_study/ar [more run dirs] [--out entropy_scale.md]
 
 Reads each run's ``records.jsonl`` (the target entropy ``H(q)`` recorded at every committed image position;
 forced structural positions such as Lumina-mGPT's end-of-line tokens are left out) and ``run.json`` (``V``).

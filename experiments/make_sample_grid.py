@@ -1,7 +1,7 @@
 """Assemble a sample grid (rows: runs, columns: the same prompts) from finished run directories, every tile
 captioned with its method and prompt (wrapped, truncated) so that an image that misses its prompt stands out.
 
-    python experiments/make_sample_grid.py results/toy_paper/0_ar results/toy_paper/1_sjd results/toy_paper/9_csd \
+    python -m experiments.make_sample_grid results/toy_paper/0_ar results/toy_paper/1_sjd results/toy_paper/9_csd \
         --n 8 --out results/toy_samples_ar_sjd_csd.png
 """
 

@@ -3,7 +3,7 @@
 Usage, from the repository root (run-config overrides choose the model preset and the prompts; the last
 ``--val-prompts`` prompts are held out for validation)::
 
-    HF_HUB_OFFLINE=1 PYTHONPATH=. python experiments/train_drafter.py model=toy dataset=toy dataset.split=train \\
+    HF_HUB_OFFLINE=1 python -m experiments.train_drafter model=toy dataset=toy dataset.split=train \\
         dataset.n_prompts=136 --out csd/toy/assets/eagle_head.pt
 
 1. collect: AR samples of the target on the training prompts (the engine, ``method=ar``), then one no-cache forward

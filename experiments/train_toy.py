@@ -3,7 +3,7 @@
 Usage, from the repository root (about 3 h on 2 CPU cores: LM 175 min, CLIP 12, evaluation 2;
 ``--compile`` shortens LM steps by ~13 %; ``--device cuda`` trains the LM on a GPU)::
 
-    HF_HUB_OFFLINE=1 PYTHONPATH=. python experiments/train_toy.py --threads 2
+    HF_HUB_OFFLINE=1 python -m experiments.train_toy --threads 2
 
 Stages can be run one at a time (``--stages tokenizer lm clip eval``); each reads what earlier
 stages wrote to ``--out`` (default ``csd/toy/assets``). The LM trains in ``--phases`` (each with its

@@ -183,7 +183,7 @@ def test_missing_weights_error(monkeypatch, tmp_path) -> None:
     import csd.adapters.toy as toy_adapter
 
     monkeypatch.setattr(toy_adapter, "LM_DIR", tmp_path / "lm")
-    with pytest.raises(MissingWeightsError, match="train_toy.py"):
+    with pytest.raises(MissingWeightsError, match="python -m experiments.train_toy"):
         toy_adapter.load_toy_adapter()
 
 

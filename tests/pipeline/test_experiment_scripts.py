@@ -1,17 +1,20 @@
 """Every experiment script runs one way, ``python -m experiments.<name> ...`` from the repository root
 (experiments/_entry.py): as a module it shows its ``--help``; run by path it refuses in one line naming that command,
-before importing anything heavy. Scripts are found by glob, so a new one is
+before importing anything heavy; the documentation names no other form. Scripts are found by glob, so a new one is
 covered; files starting with ``_`` (``__init__``, the guard's helper) are not scripts."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.pipeline.test_docs import repository_files
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = sorted(p.stem for p in (REPO / "experiments").glob("*.py") if not p.name.startswith("_"))
@@ -77,3 +80,18 @@ def test_run_by_path_is_refused_in_one_line(tmp_path: Path, name: str) -> None:
     assert done.stderr.splitlines() == [
         f"run it as a module from the repository root: python -m experiments.{name} --out 'a b' model=toy"]
 
+
+#: a script run by path (``python experiments/x.py``, also behind ``PYTHONPATH=...``) or a code span that gives a
+#: script's path with arguments, as a command
+PATH_RUN = re.compile(r"\bpython3?\s+\S*experiments/\w+\.py|`experiments/\w+\.py\s+[^`]"
+                      r"|PYTHONPATH=\S+\s+python3?\s+(?:-m\s+)?experiments")
+
+
+def test_docs_name_the_module_form_only() -> None:
+    """README, docs, docstrings, configs, notebooks and error messages say ``python -m experiments.<name>``."""
+    files = [p for p in repository_files() if p.suffix in {".md", ".py", ".yaml", ".sh", ".ipynb", ".txt"}
+             and p != Path(__file__)]
+    found = [f"{p.relative_to(REPO)}: {m.group(0)}" for p in files
+             for m in PATH_RUN.finditer(p.read_text(encoding="utf-8"))]
+    assert any(p.name == "README.md" for p in files)
+    assert found == [], f"use `python -m experiments.<name> ...` from the repository root: {found}"
