@@ -9,6 +9,11 @@ command is refused or answers without loading a model, so the time is what the c
 
 from __future__ import annotations
 
+if __spec__ is None:  # run by path: refused in one line naming the `python -m` command (experiments/_entry.py)
+    from _entry import refuse_path_run
+
+    refuse_path_run(__file__)
+
 import argparse
 import os
 import statistics
@@ -37,7 +42,7 @@ def wall_time(repo: Path, args: list[str]) -> tuple[float, int, str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m experiments.bench_cli", description=__doc__.splitlines()[0])
     parser.add_argument("--repo", nargs="+", type=Path, default=[Path(".")], help="checkouts to time (run.py in each)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))

@@ -4,9 +4,10 @@ Each spec ``name:key=value,...`` (a drafter of ``conf/drafter/`` with its keys) 
 held-out captions (image ``i``: caption ``i``, seed ``i``) with SJD's rule at every batch size, after one untimed
 warm-up image; ms per iteration = wall time of the pass / engine iterations (forwards), so batch 1 and B = 16 read
 the same way. ``--rounds`` repeats every (spec, B) in turn, so slow spells of a shared machine fall on every spec.
-Only the public engine API is used, so the same file measures an older checkout too
-(``PYTHONPATH=<checkout> python experiments/bench_drafters.py ...`` from this repository's root): a before / after
-pair is two runs of it, alternated, on the same machine. One thread (``torch.set_num_threads(1)``), CPU.
+Only the public engine API and the drafters' config files are used, so the same file measures an older checkout too (``--checkout DIR``: csd is
+imported from DIR; ``PYTHONPATH`` cannot do it, since ``python -m`` puts the repository root first on ``sys.path``):
+a before / after pair is two runs of it, alternated, on the same machine. One thread (``torch.set_num_threads(1)``),
+CPU.
 
     python -m experiments.bench_drafters --specs chain:window=8 pjd:window=8,context=8 --batch-sizes 1,16 --images 16
 
@@ -15,23 +16,21 @@ Prints a table; ``--json FILE`` appends one line per measurement (label, spec, B
 
 from __future__ import annotations
 
+if __spec__ is None:  # run by path: refused in one line naming the `python -m` command (experiments/_entry.py)
+    from _entry import refuse_path_run
+
+    refuse_path_run(__file__)
+
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import OmegaConf
 
-from csd.acceptance import SJD
-from csd.adapters.toy import load_toy_adapter
-from csd.compose import build_drafter
-from csd.drafters.base import Drafter
-from csd.engine import JacobiEngine
-from csd.presets import CONF_DIR
-from csd.slot import Request
-from csd.toy.domain import toy_prompts
+# csd is imported inside the functions, after ``--checkout`` chose where from
 
 
 def parse_spec(spec: str) -> tuple[str, dict[str, Any]]:
@@ -44,16 +43,22 @@ def parse_spec(spec: str) -> tuple[str, dict[str, Any]]:
     return name, values
 
 
-def drafter(name: str, keys: dict[str, Any]) -> Drafter:
-    """The drafter ``conf/drafter/<name>.yaml`` with ``keys`` set, built as a run builds it."""
-    return build_drafter(OmegaConf.merge(OmegaConf.load(CONF_DIR / "drafter" / f"{name}.yaml"), keys))
+def drafter(checkout: Path, name: str, keys: dict[str, Any]) -> Any:
+    """The drafter ``conf/drafter/<name>.yaml`` of ``checkout`` names (its ``_target_``) with ``keys``."""
+    from hydra.utils import get_class
+    from omegaconf import OmegaConf
+
+    return get_class(OmegaConf.load(checkout / "conf" / "drafter" / f"{name}.yaml")._target_)(**keys)
 
 
-def measure(adapter: Any, spec: str, batch: int, images: int, captions: list[str]) -> dict[str, float]:
+def measure(checkout: Path, adapter: Any, spec: str, batch: int, images: int, captions: list[str]) -> dict[str, float]:
     """One timed pass of ``images`` images at batch ``batch``: seconds, engine iterations, body tokens and the images'
     forwards (``nfe``, per image: step compression = tokens / nfe)."""
+    from csd.acceptance import SJD
+    from csd.engine import JacobiEngine, Request
+
     name, keys = parse_spec(spec)
-    engine = JacobiEngine(adapter, SJD(), drafter(name, keys), batch_size=batch)
+    engine = JacobiEngine(adapter, SJD(), drafter(checkout, name, keys), batch_size=batch)
     engine.generate(captions[0], 0)  # warm-up (untimed)
     iterations = 0
     step = engine._iteration
@@ -73,14 +78,28 @@ def measure(adapter: Any, spec: str, batch: int, images: int, captions: list[str
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m experiments.bench_drafters",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("--specs", nargs="+", required=True, help="drafters as name:key=value,...")
     parser.add_argument("--batch-sizes", default="1,16")
     parser.add_argument("--images", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--label", default="")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--checkout", type=Path, default=None,
+                        help="measure the csd of this checkout (an older one) instead of this repository's")
     args = parser.parse_args()
+    if args.checkout is not None:
+        if not (args.checkout / "csd" / "__init__.py").is_file():
+            parser.error(f"--checkout {args.checkout} is not a checkout of this repository (no csd/__init__.py)")
+        sys.path.insert(0, str(args.checkout.resolve()))
+    import csd
+    from csd.adapters.toy import load_toy_adapter
+    from csd.toy.domain import toy_prompts
+
+    if args.checkout is not None and not Path(csd.__file__).resolve().is_relative_to(args.checkout.resolve()):
+        parser.error(f"csd was imported from {Path(csd.__file__).parent}, not from --checkout {args.checkout}")
+    checkout = Path(csd.__file__).resolve().parent.parent
     torch.set_num_threads(1)
     adapter = load_toy_adapter()
     captions = [p.text for p in toy_prompts(args.images)]
@@ -89,11 +108,11 @@ def main() -> None:
         for batch in (int(b) for b in args.batch_sizes.split(",")):
             for spec in args.specs:
                 name, keys = parse_spec(spec)
-                problem = drafter(name, keys).problem(batch, False)
+                problem = drafter(checkout, name, keys).problem(batch, False)
                 if problem is not None:  # e.g. a tree drafter at B > 1: nothing to measure
                     print(f"| {args.label} | {spec} | {batch} | {r} | {problem} | | |", flush=True)
                     continue
-                row = measure(adapter, spec, batch, args.images, captions)
+                row = measure(checkout, adapter, spec, batch, args.images, captions)
                 ms = 1000 * row["seconds"] / row["iterations"]
                 print(f"| {args.label} | {spec} | {batch} | {r} | {ms:.2f} | {args.images / row['seconds']:.3f} | "
                       f"{row['tokens'] / row['nfe']:.2f} |", flush=True)

@@ -17,14 +17,19 @@ else from the Janus-Pro-7B / 1B shapes of ``csd.plan.REAL_SHAPES``. Prompts are 
 
 GPU (one H200, 7B shape, ~5 min of which ~130 s compile)::
 
-    HF_HUB_OFFLINE=1 python experiments/bench_latency.py --model janus_pro_7b
+    HF_HUB_OFFLINE=1 python -m experiments.bench_latency --model janus_pro_7b
 
-CPU smoke run (seconds): ``python experiments/bench_latency.py --model janus_pro_tiny --compile-backend aot_eager``.
+CPU smoke run (seconds): ``python -m experiments.bench_latency --model janus_pro_tiny --compile-backend aot_eager``.
 Writes ``<out>/<model>_<device>.json`` and ``.md`` (default ``runs/bench/``, untracked: the committed
 ``results/bench/`` files change only with an explicit ``--out results/bench``).
 """
 
 from __future__ import annotations
+
+if __spec__ is None:  # run by path: refused in one line naming the `python -m` command (experiments/_entry.py)
+    from _entry import refuse_path_run
+
+    refuse_path_run(__file__)
 
 import argparse
 import contextlib
@@ -310,7 +315,8 @@ def markdown(res: dict[str, Any]) -> str:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m experiments.bench_latency",
+                                description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="janus_pro_7b", help="a conf/model/ name (Janus-Pro family)")
     p.add_argument("--weights", action="store_true", help="load the checkpoint (default: random weights)")
     p.add_argument("--path", help="hub id or directory overriding the config's model.path")

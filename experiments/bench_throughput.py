@@ -25,6 +25,11 @@ Writes ``<out>/throughput_<model>_<device>.json`` and ``.md`` (default ``runs/be
 
 from __future__ import annotations
 
+if __spec__ is None:  # run by path: refused in one line naming the `python -m` command (experiments/_entry.py)
+    from _entry import refuse_path_run
+
+    refuse_path_run(__file__)
+
 import argparse
 import platform
 import statistics
@@ -161,7 +166,8 @@ def markdown(res: dict[str, Any]) -> str:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m experiments.bench_throughput",
+                                description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="toy", choices=MODELS)
     p.add_argument("--methods", default="ar,sjd,csd", help="comma-separated: ar, sjd, csd")
     p.add_argument("--batch-sizes", default="1,4,16,64", help="comma-separated B values; the first is the reference")

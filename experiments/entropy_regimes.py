@@ -1,7 +1,7 @@
 """The matched-compression study across entropy regimes: one table and one figure from finished study directories
 (docs/RESULTS.md "Does the answer depend on entropy?", csd/report/regimes.py).
 
-    python experiments/entropy_regimes.py results/entropy_study results/entropy_regimes/T* \
+    python -m experiments.entropy_regimes results/entropy_study results/entropy_regimes/T* \
         [--out results/entropy_regimes/report] [--bootstrap 1000]
 
 Each directory is a study's root (``stage=study``: ``ar/``, ``sjd/``, the rules' runs, ``study/study.json``);
@@ -10,6 +10,11 @@ writes ``regimes.md``, ``regimes.json`` and ``regimes.png`` under ``--out``, reg
 
 from __future__ import annotations
 
+if __spec__ is None:  # run by path: refused in one line naming the `python -m` command (experiments/_entry.py)
+    from _entry import refuse_path_run
+
+    refuse_path_run(__file__)
+
 import argparse
 from pathlib import Path
 
@@ -17,7 +22,8 @@ from csd.report.regimes import build_regimes
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m experiments.entropy_regimes",
+                                     description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("roots", nargs="+", type=Path, help="finished study directories, one per regime")
     parser.add_argument("--out", type=Path, default=Path("results/entropy_regimes/report"))
     parser.add_argument("--bootstrap", type=int, default=1000, help="prompt resamples of the paired intervals")

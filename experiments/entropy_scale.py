@@ -2,13 +2,18 @@
 ``log V`` (CSD's ``entropy_norm=log_vocab``), to compare models before transferring an entropy knob (CSD's ``lam``,
 entropy-aware SJD's ``e``; docs/RESULTS.md "Is entropy the right signal?").
 
-    python experiments/entropy_scale.py results/entropy_study/ar [more run dirs] [--out entropy_scale.md]
+    python -m experiments.entropy_scale results/entropy_study/ar [more run dirs] [--out entropy_scale.md]
 
 Reads each run's ``records.jsonl`` (the target entropy ``H(q)`` recorded at every committed image position;
 forced structural positions such as Lumina-mGPT's end-of-line tokens are left out) and ``run.json`` (``V``).
 """
 
 from __future__ import annotations
+
+if __spec__ is None:  # run by path: refused in one line naming the `python -m` command (experiments/_entry.py)
+    from _entry import refuse_path_run
+
+    refuse_path_run(__file__)
 
 import argparse
 import json
@@ -49,7 +54,8 @@ def markdown(rows: list[dict[str, Any]]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m experiments.entropy_scale",
+                                     description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", nargs="+", type=Path, help="finished run directories (AR runs show the model's own scale)")
     parser.add_argument("--out", type=Path, help="also write the table here")
     args = parser.parse_args()

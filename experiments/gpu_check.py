@@ -32,6 +32,11 @@ CPU smoke run (the same parts, the tiny Janus in fp32, ``aot_eager``, seconds; t
 
 from __future__ import annotations
 
+if __spec__ is None:  # run by path: refused in one line naming the `python -m` command (experiments/_entry.py)
+    from _entry import refuse_path_run
+
+    refuse_path_run(__file__)
+
 import argparse
 import time
 import traceback
@@ -287,7 +292,7 @@ def markdown(res: dict[str, Any]) -> str:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m experiments.gpu_check", description=__doc__.split("\n\n")[0])
     p.add_argument("--smoke", action="store_true", help="CPU: the same parts on the tiny Janus (fp32, aot_eager)")
     p.add_argument("--out", type=Path, help="results directory (default results/bench; --smoke: runs/bench)")
     p.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated subset of {','.join(PARTS)}")

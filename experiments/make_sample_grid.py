@@ -1,11 +1,16 @@
 """Assemble a sample grid (rows: runs, columns: the same prompts) from finished run directories, every tile
 captioned with its method and prompt (wrapped, truncated) so that an image that misses its prompt stands out.
 
-    python experiments/make_sample_grid.py results/toy_paper/0_ar results/toy_paper/1_sjd results/toy_paper/9_csd \
+    python -m experiments.make_sample_grid results/toy_paper/0_ar results/toy_paper/1_sjd results/toy_paper/9_csd \
         --n 8 --out results/toy_samples_ar_sjd_csd.png
 """
 
 from __future__ import annotations
+
+if __spec__ is None:  # run by path: refused in one line naming the `python -m` command (experiments/_entry.py)
+    from _entry import refuse_path_run
+
+    refuse_path_run(__file__)
 
 import argparse
 import json
@@ -28,7 +33,8 @@ def sample_grid(run_dirs: list[Path], n: int, tile: int) -> Image.Image:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m experiments.make_sample_grid",
+                                     description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", nargs="+", type=Path)
     parser.add_argument("--n", type=int, default=8, help="prompts (columns)")
     parser.add_argument("--tile", type=int, default=TILE, help="tile width in pixels (small images are upscaled)")

@@ -3,7 +3,7 @@
 Usage, from the repository root (run-config overrides choose the model preset and the prompts; the last
 ``--val-prompts`` prompts are held out for validation)::
 
-    HF_HUB_OFFLINE=1 PYTHONPATH=. python experiments/train_drafter.py model=toy dataset=toy dataset.split=train \\
+    HF_HUB_OFFLINE=1 python -m experiments.train_drafter model=toy dataset=toy dataset.split=train \\
         dataset.n_prompts=136 --out csd/toy/assets/eagle_head.pt
 
 1. collect: AR samples of the target on the training prompts (the engine, ``method=ar``), then one no-cache forward
@@ -20,6 +20,11 @@ Usage, from the repository root (run-config overrides choose the model preset an
 """
 
 from __future__ import annotations
+
+if __spec__ is None:  # run by path: refused in one line naming the `python -m` command (experiments/_entry.py)
+    from _entry import refuse_path_run
+
+    refuse_path_run(__file__)
 
 import argparse
 import json
@@ -49,7 +54,8 @@ from csd.validate import validate
 
 
 def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m experiments.train_drafter",
+                                     description=__doc__.split("\n")[0])
     parser.add_argument("overrides", nargs="*", help="run-config overrides: model=..., dataset=..., dataset.n_prompts=...")
     parser.add_argument("--out", type=Path, required=True, help="the trained head's file")
     parser.add_argument("--checkpoint", type=Path, default=None, help="checkpoint directory (default: <out>.ckpt)")

@@ -3,7 +3,7 @@
 Usage, from the repository root (about 3 h on 2 CPU cores: LM 175 min, CLIP 12, evaluation 2;
 ``--compile`` shortens LM steps by ~13 %; ``--device cuda`` trains the LM on a GPU)::
 
-    HF_HUB_OFFLINE=1 PYTHONPATH=. python experiments/train_toy.py --threads 2
+    HF_HUB_OFFLINE=1 python -m experiments.train_toy --threads 2
 
 Stages can be run one at a time (``--stages tokenizer lm clip eval``); each reads what earlier
 stages wrote to ``--out`` (default ``csd/toy/assets``). The LM trains in ``--phases`` (each with its
@@ -12,6 +12,11 @@ own warm-up and cosine decay, continuing the previous one); ``--init-lm DIR`` co
 """
 
 from __future__ import annotations
+
+if __spec__ is None:  # run by path: refused in one line naming the `python -m` command (experiments/_entry.py)
+    from _entry import refuse_path_run
+
+    refuse_path_run(__file__)
 
 import argparse
 import csv
@@ -317,7 +322,8 @@ def evaluate(args: argparse.Namespace, tokenizer: PatchTokenizer) -> None:
 
 
 def parse_args() -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="python -m experiments.train_toy",
+                                description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--stages", nargs="+", default=["tokenizer", "lm", "clip", "eval"],
                    choices=["tokenizer", "lm", "clip", "eval"])
     p.add_argument("--out", type=Path, default=ASSETS)

@@ -95,7 +95,7 @@ def load_toy_adapter(guidance_scale: float = DEFAULT_GUIDANCE, top_k: int | None
     if missing:
         raise MissingWeightsError(
             f"toy model files missing: {', '.join(map(str, missing))}; "
-            "recreate them with `python experiments/train_toy.py` (about 3 hours on 2 CPU cores, or `--device cuda`)"
+            "recreate them with `python -m experiments.train_toy` (about 3 hours on 2 CPU cores, or `--device cuda`)"
         )
     lm = load_toy_lm(LM_DIR, dtype=getattr(torch, dtype))
     sampling = SamplingConfig(guidance_scale=guidance_scale, top_k=top_k or 0, temperature=temperature)

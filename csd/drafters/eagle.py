@@ -54,7 +54,7 @@ if TYPE_CHECKING:
 
 #: the decoder-layer sizes a head file stores (the head's width is the target's)
 HEAD_SIZES = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim", "rms_norm_eps")
-TRAIN_HINT = "train one with `python experiments/train_drafter.py model=<name>` (docs/DRAFT_HEADS.md)"
+TRAIN_HINT = "train one with `python -m experiments.train_drafter model=<name>` (docs/DRAFT_HEADS.md)"
 #: static trees (``drafter.tree``): the children of every node at depth ``d - 1`` for the first depths ``d = 1, 2, ..``
 #: (1 below), down to depth ``window - 1`` (docs/ALGORITHMS.md "EAGLE: a trained draft head", Static trees)
 STATIC_TREES: dict[str, tuple[int, ...]] = {"chain": (), "binary": (2, 2), "wide": (4, 2)}

@@ -43,7 +43,7 @@ def load_toy_clip(device: str | torch.device = "cpu") -> tuple[torch.nn.Module, 
     """``(model, preprocess, tokenizer)`` of the shipped toy CLIP, via ``open_clip`` only."""
     if not WEIGHTS_FILE.exists():
         raise FileNotFoundError(
-            f"toy CLIP weights missing at {WEIGHTS_FILE}; run `python experiments/train_toy.py --stages clip`"
+            f"toy CLIP weights missing at {WEIGHTS_FILE}; run `python -m experiments.train_toy --stages clip`"
         )
     register_toy_clip()
     model, _, preprocess = open_clip.create_model_and_transforms(CLIP_NAME, pretrained=str(WEIGHTS_FILE),

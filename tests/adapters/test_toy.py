@@ -183,7 +183,7 @@ def test_missing_weights_error(monkeypatch, tmp_path) -> None:
     import csd.adapters.toy as toy_adapter
 
     monkeypatch.setattr(toy_adapter, "LM_DIR", tmp_path / "lm")
-    with pytest.raises(MissingWeightsError, match="train_toy.py"):
+    with pytest.raises(MissingWeightsError, match="python -m experiments.train_toy"):
         toy_adapter.load_toy_adapter()
 
 
@@ -217,12 +217,11 @@ def test_training_script_trains_continues_and_saves(tmp_path) -> None:
     repo = Path(__file__).resolve().parents[2]
     shutil.copy(ASSETS / "tokenizer.safetensors", tmp_path)
     log = tmp_path / "log.csv"
-    base = [sys.executable, str(repo / "experiments" / "train_toy.py"), "--stages", "lm", "--out", str(tmp_path),
+    base = [sys.executable, "-m", "experiments.train_toy", "--stages", "lm", "--out", str(tmp_path),
             "--log", str(log), "--hidden", "32", "--layers", "1", "--heads", "2", "--batch", "2", "--phases", "4:1e-3",
             "--log-every", "2"]
-    env = {**os.environ, "PYTHONPATH": str(repo)}
-    subprocess.run([*base, "--compile", "--rope-theta", "42"], check=True, env=env, capture_output=True, cwd=repo)
-    subprocess.run([*base, "--init-lm", str(tmp_path / "lm"), "--phases", "2:1e-3,2:5e-4:0/0/1/0"], check=True, env=env,
+    subprocess.run([*base, "--compile", "--rope-theta", "42"], check=True, capture_output=True, cwd=repo)
+    subprocess.run([*base, "--init-lm", str(tmp_path / "lm"), "--phases", "2:1e-3,2:5e-4:0/0/1/0"], check=True,
                    capture_output=True, cwd=repo)
     rows = [line.split(",") for line in log.read_text().splitlines()]
     assert rows[0][:3] == ["phase", "step", "loss"]

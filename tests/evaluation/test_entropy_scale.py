@@ -30,9 +30,9 @@ def test_scale_matches_the_study_summary() -> None:
 @pytest.mark.slow
 def test_cli_table_and_bad_input(tmp_path) -> None:
     out = tmp_path / "scale.md"
-    done = subprocess.run([sys.executable, "experiments/entropy_scale.py", str(AR), "--out", str(out)], cwd=REPO,
+    done = subprocess.run([sys.executable, "-m", "experiments.entropy_scale", str(AR), "--out", str(out)], cwd=REPO,
                           capture_output=True, text=True, check=True)
     assert done.stdout == out.read_text() and "| toy | ar | 256 | 400 |" in done.stdout
-    bad = subprocess.run([sys.executable, "experiments/entropy_scale.py", str(tmp_path)], cwd=REPO,
+    bad = subprocess.run([sys.executable, "-m", "experiments.entropy_scale", str(tmp_path)], cwd=REPO,
                          capture_output=True, text=True)
     assert bad.returncode == 2 and f"{tmp_path} is not a run directory (no run.json)" in bad.stderr

@@ -5,7 +5,6 @@ the shipped toy head loads and decodes (``drafter=eagle model=toy``)."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -15,11 +14,7 @@ from csd.adapters.toy import load_toy_adapter
 from csd.api import Decoder
 from csd.drafters.eagle import EagleHead, head_config
 from csd.toy import EAGLE_HEAD_FILE
-
-SCRIPT = Path(__file__).resolve().parents[2] / "experiments" / "train_drafter.py"
-spec = importlib.util.spec_from_file_location("train_drafter", SCRIPT)
-train_drafter = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(train_drafter)
+from experiments import train_drafter
 
 
 @pytest.mark.slow
