@@ -53,7 +53,7 @@ from csd.schema import (
 
 log = logging.getLogger(__name__)
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
-STAGES = ("generate", "evaluate", "report", "status", "study", "plan", "all")
+STAGES = ("generate", "evaluate", "report", "status", "study", "plan", "decode", "all")
 #: the drafting keys that moved from the method to the drafter group (deprecated under ``method.``): old -> new name
 MOVED_TO_DRAFTER = {"window": "window", "init": "init", "coupling": "coupling", "draft_record": "draft_record",
                     "tree_width": "width", "tree_depth": "depth", "pac_code_parity": "code_parity"}

@@ -28,6 +28,7 @@ from csd.config import (
     resolve_device,
     validate,
 )
+from csd.decode import decode_tokens
 from csd.device import synchronize
 from csd.drafters import ChainDrafter
 from csd.engine import Generation, JacobiEngine, Request
@@ -257,7 +258,7 @@ def generate_missing(cfg: DictConfig, prompts: list[Prompt], writer: RecordWrite
         engine_s += seconds
         index, prompt, sample = request.key
         start = time.perf_counter()
-        image = adapter.decode_images(gen.tokens.unsqueeze(0))[0].numpy()
+        image = decode_tokens(adapter, gen.tokens)  # csd.decode: how every reader decodes a record without its PNG
         synchronize(device)
         vq_s = time.perf_counter() - start
         writer.write(make_record(cfg, params, prompt, index, sample, gen, vq_s, adapter.layout.grid), image)
