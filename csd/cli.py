@@ -56,7 +56,8 @@ def one_gpu_per_shard(cfg: DictConfig) -> None:
 
 
 #: stages that read a directory which must exist -> the keys that may name it, in the order the stage reads
-READS = {"evaluate": ("run_dir",), "report": ("sweep_dir", "run_dir"), "status": ("sweep_dir", "run_dir")}
+READS = {"evaluate": ("run_dir",), "report": ("sweep_dir", "run_dir"), "status": ("sweep_dir", "run_dir"),
+         "decode": ("sweep_dir", "run_dir")}
 #: what the directory named by each key of READS holds
 HOLDS = {"run_dir": "a run", "sweep_dir": "a sweep or a run"}
 
@@ -65,8 +66,8 @@ def check_dirs(stage: str, run_dir: str | None, sweep_dir: str | None, run_key: 
     """Refuse, in one line, a directory the stage cannot use, before anything is created.
 
     ``stage=evaluate`` needs ``run_dir`` holding a generated run (its run.json); report and status need
-    an existing ``sweep_dir`` or ``run_dir``; the stages that write need a ``run_dir`` that is a directory or
-    does not exist yet, in a directory they can write to. ``run_key`` names the key ``run_dir`` came from (``hydra.run.dir`` given instead).
+    an existing ``sweep_dir`` or ``run_dir``, decode one that is or holds a generated run; the stages that write
+    need a ``run_dir`` that is a directory or does not exist yet, in a directory they can write to. ``run_key`` names the key ``run_dir`` came from (``hydra.run.dir`` given instead).
     """
     given = {"run_dir": run_dir, "sweep_dir": sweep_dir}
     for key, value in given.items():  # '' would be the current directory
@@ -84,6 +85,8 @@ def check_dirs(stage: str, run_dir: str | None, sweep_dir: str | None, run_key: 
             raise ConfigError(f"{name} {what}; give the directory of {HOLDS[key]}")
         if stage == "evaluate" and not (path / "run.json").exists():
             raise ConfigError(f"{name} is not a generated run directory (no run.json)")
+        if stage == "decode" and not (path / "run.json").exists() and next(path.rglob("run.json"), None) is None:
+            raise ConfigError(f"{name} is not a generated run directory and holds none (no run.json)")
     elif run_dir:
         path = Path(run_dir)
         blocker = next((p for p in (path, *path.parents) if p.exists()), path)
@@ -247,9 +250,10 @@ def check_inputs(cfg: DictConfig, overrides: Sequence[str]) -> None:
     (:func:`csd.compose.check_captions`), within the bounds that count the run's prompts and their captions' length,
     and a window typed on the command line fits the image (:mod:`csd.limits`); the model's files are there
     (:func:`csd.compose.check_weights`, the draft model's too); the JSON files of an existing ``run_dir`` are readable
-    (:func:`csd.rundir.check_run_files`); ``stage=evaluate`` reads a run that the
-    command line does not contradict (:func:`evaluated_run_config`); a stage that evaluates has metrics its model
-    supports (:func:`csd.keys.eval_metrics`), no published COCO protocol on a toy model and, with
+    (:func:`csd.rundir.check_run_files`), for ``stage=decode`` those of every run it decodes, and their models' files;
+    ``stage=evaluate`` reads a run that the command line does not contradict (:func:`evaluated_run_config`); a stage
+    that evaluates has metrics its model supports (:func:`csd.keys.eval_metrics`), no published COCO protocol on a
+    toy model and, with
     ``eval.strict=true``, every weights and data file its metrics read (:func:`csd.evaluation.metrics.check_files`).
     ``overrides``: the command line's, for the evaluate stage. Also run for every job of a multirun before the
     first starts (:mod:`csd.sweep`)."""
@@ -272,6 +276,13 @@ def check_inputs(cfg: DictConfig, overrides: Sequence[str]) -> None:
             check_weights(model_preset(draft_model))
     if cfg.stage in ("generate", "all", "study", "evaluate", "status") and cfg.run_dir and Path(cfg.run_dir).is_dir():
         check_run_files(Path(cfg.run_dir))
+    if cfg.stage == "decode":  # decodes with each run's own model: its files must be here
+        from csd.decode import run_dirs_under, run_model_config
+
+        for run in run_dirs_under(cfg.sweep_dir or cfg.run_dir):
+            check_run_files(run)
+            check_weights(run_model_config(run))
+        return
     if cfg.stage == "evaluate":
         run_config = evaluated_run_config(cfg, overrides)
     elif cfg.stage == "all" and cfg.dataset.num_shards == 1:
@@ -293,7 +304,7 @@ def check_inputs(cfg: DictConfig, overrides: Sequence[str]) -> None:
 
 
 def print_stage(cfg: DictConfig, run_dir: Path) -> bool:
-    """Run ``stage=plan``, ``status`` or ``study``, whose result is printed; False for the other stages."""
+    """Run ``stage=plan``, ``status``, ``study`` or ``decode``, whose result is printed; False for the other stages."""
     if cfg.stage == "plan":
         from csd.plan import config_plan, describe_plan
 
@@ -306,7 +317,14 @@ def print_stage(cfg: DictConfig, run_dir: Path) -> bool:
         from csd.study import run_study
 
         print(f"study: {run_study(cfg)}")
-    return cfg.stage in ("plan", "status", "study")
+    elif cfg.stage == "decode":
+        from csd.decode import decode_runs
+
+        target = Path(cfg.sweep_dir or run_dir)
+        done = decode_runs(target, None if cfg.device == "auto" else cfg.device, cfg.engine.progress)
+        print(f"decode: {sum(d.written for d in done)} images written, {sum(d.kept for d in done)} already there "
+              f"({len(done)} run{'s' if len(done) != 1 else ''} in {target})")
+    return cfg.stage in ("plan", "status", "study", "decode")
 
 
 def run_stages(cfg: DictConfig) -> None:

@@ -38,7 +38,7 @@ from csd.schema import (
     show,
 )
 
-STAGES = ("generate", "evaluate", "report", "status", "study", "plan", "all")
+STAGES = ("generate", "evaluate", "report", "status", "study", "plan", "decode", "all")
 #: the drafting vocabulary (``drafter.init``, ``drafter.coupling``, ``drafter.draft_record``; ``csd.drafters.base``):
 #: how a window's drafts start, how a draft is coupled to its verification, and the recorded ``p`` of a fresh random
 #: draft (one-hot on itself, or the uniform law it was drawn from)

@@ -18,6 +18,7 @@ from tqdm import tqdm
 
 from csd.adapters.base import ModelAdapter
 from csd.compose import build_adapter, build_drafter, build_rule, compiled_step, load_prompts, method_params
+from csd.decode import decode_tokens
 from csd.device import resolve_device, synchronize
 from csd.drafters.chain import ChainDrafter
 from csd.engine import Generation, JacobiEngine
@@ -250,7 +251,7 @@ def generate_missing(cfg: DictConfig, prompts: list[Prompt], writer: RecordWrite
         engine_s += seconds
         index, prompt, sample = request.key
         start = time.perf_counter()
-        image = adapter.decode_images(gen.tokens.unsqueeze(0))[0].numpy()
+        image = decode_tokens(adapter, gen.tokens)  # csd.decode: how every reader decodes a record without its PNG
         synchronize(device)
         vq_s = time.perf_counter() - start
         writer.write(make_record(cfg, params, prompt, index, sample, gen, vq_s, adapter.layout.grid), image)

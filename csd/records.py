@@ -9,21 +9,25 @@ Layout of a run directory (everything later stages read; they never touch engine
       records.jsonl      one JSON object per finished image (fields: see ImageRecord); a sharded run
                          (dataset.num_shards > 1) has one records.shard-<k>-of-<n>.jsonl per shard instead
       images/<prompt_id>_s<sample>.png
+                         the generate stage's PNG of each record, for the user; no later stage needs it: an image is
+                         a deterministic decode of its record's tokens (csd.decode), which readers decode when the
+                         PNG is missing and ``stage=decode`` writes again, byte for byte
       metrics.json       written by the evaluate stage
       fingerprint.json   what determines the images (csd.rundir); a resume with other values is refused
       .lock              held by the process generating into the directory (csd.lockfile)
-      records.rejected.jsonl  record lines a resume could not use (unreadable, duplicate, other settings,
-                         image missing)
+      records.rejected.jsonl  record lines a resume could not use (unreadable, duplicate, other settings)
 
-A record line is written with a single ``write`` + ``fsync`` after its PNG is in place, so an
+A record line is written with a single ``write`` + ``fsync`` (after its PNG is in place), so an
 interrupted run leaves at most one incomplete trailing line, which :func:`load_records` drops (and
 :class:`RecordWriter` truncates away before appending). Any other unreadable line is an error for
-readers; a resume moves it to ``records.rejected.jsonl`` and regenerates its image.
+readers; a resume moves it to ``records.rejected.jsonl`` and regenerates its image. A record does not depend on
+its PNG: one that is missing or broken is decoded from the record's tokens.
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import logging
 import os
@@ -47,7 +51,6 @@ KEY_FIELDS = ("prompt_id", "sample", "image")
 #: why a resume sets a record line aside, and what happens to its image
 REJECT_KINDS = {
     "unreadable": "unreadable; their images will be generated again",
-    "image missing": "records whose image file is missing or unreadable; their images will be generated again",
     "repeated": "repeats of an image already recorded (the first record of each is kept)",
     "other settings": "records made with other settings than the run's (method, model or method_params); "
                       "their images will be generated again",
@@ -239,14 +242,20 @@ def records_digest(records: Iterable[dict[str, Any]]) -> str:
     return hashlib.sha256(json.dumps(rows, separators=(",", ":")).encode()).hexdigest()
 
 
-def image_readable(path: Path) -> bool:
-    """Whether ``path`` exists and PIL can verify it (a deleted or truncated PNG is not)."""
-    try:
-        with Image.open(path) as image:
-            image.verify()
-    except (OSError, SyntaxError, ValueError):  # PIL reports broken files with any of these
-        return False
-    return True
+def png_bytes(image: np.ndarray) -> bytes:
+    """The PNG file of a uint8 ``[H, W, 3]`` image, as every run writes it (PIL's PNG encoder, its default settings):
+    the generate stage's and ``stage=decode``'s files are these bytes."""
+    out = io.BytesIO()
+    Image.fromarray(image).save(out, format="PNG")
+    return out.getvalue()
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data`` (a temporary file of this process, then a rename: readers and other writers
+    never see part of a file)."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
 
 
 @dataclass
@@ -260,10 +269,10 @@ class UsableLines:
     rejected: list[tuple[str, int, bytes, str]]
 
 
-def usable_lines(run_dir: Path, path: Path, settings: dict[str, Any] | None = None) -> UsableLines:
+def usable_lines(path: Path, settings: dict[str, Any] | None = None) -> UsableLines:
     """Which complete lines of the records file ``path`` a resume keeps, and which it sets aside: unreadable
-    lines, repeats of an image already kept, records made with other ``settings`` than the run's (method,
-    model, method_params; not checked when None) and records whose image is missing or unreadable. Reads
+    lines, repeats of an image already kept and records made with other ``settings`` than the run's (method,
+    model, method_params; not checked when None). A record's PNG plays no part: its tokens are the image. Reads
     only: :class:`RecordWriter` moves the lines, ``stage=status`` counts them."""
     out = UsableLines([], {}, [])
     for number, line in enumerate(complete_lines(path), 1):
@@ -280,8 +289,6 @@ def usable_lines(run_dir: Path, path: Path, settings: dict[str, Any] | None = No
             field, ours, theirs = mismatch
             why = f"made with other settings ({field}={ours!r}, the run's is {theirs!r})"
             out.rejected.append(("other settings", number, line, why))
-        elif not image_readable(run_dir / record["image"]):
-            out.rejected.append(("image missing", number, line, f"{record['image']} missing or unreadable"))
         else:
             out.done[key] = number
             out.kept.append(line)
@@ -333,7 +340,7 @@ class RecordWriter:
 
     def _set_aside_unusable(self, expected: dict[str, Any] | None) -> set[tuple[str, int]]:
         """Move unusable lines to the rejected file (then rewrite records.jsonl atomically); the usable keys."""
-        lines = usable_lines(self.run_dir, self.path, expected)
+        lines = usable_lines(self.path, expected)
         if not lines.rejected:
             return set(lines.done)
         with open(self.run_dir / REJECTED_FILE, "a", encoding="utf-8") as f:
@@ -355,10 +362,7 @@ class RecordWriter:
 
     def write(self, record: ImageRecord, image: np.ndarray) -> None:
         """Save the PNG (atomically), then append the record line in one write."""
-        png = self.run_dir / record.image
-        tmp = png.with_suffix(".tmp.png")
-        Image.fromarray(image).save(tmp)
-        os.replace(tmp, png)
+        write_atomic(self.run_dir / record.image, png_bytes(image))
         line = json.dumps(asdict(record), separators=(",", ":")) + "\n"
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(line)

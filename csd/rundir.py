@@ -223,7 +223,7 @@ def shard_progress(run_dir: Path, info: dict[str, Any]) -> dict[str, tuple[int, 
     """
     settings = {k: info.get(k) for k in SETTINGS_FIELDS} if info else None
     return {
-        name: (len(usable_lines(run_dir, run_dir / name, settings).done), total)
+        name: (len(usable_lines(run_dir / name, settings).done), total)
         for name, total in expected_images(run_dir, info.get("n_images", 0)).items()
     }
 

@@ -26,6 +26,7 @@ from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from csd.compose import build_adapter, build_drafter, build_rule, compiled_step, load_prompts
+from csd.decode import RunImages
 from csd.deprecations import move_deprecated_keys, rule_class_of
 from csd.device import resolve_device
 from csd.errors import ConfigError
@@ -272,15 +273,16 @@ class Images:
     def __init__(self, scene_key: str | None) -> None:
         self.scene_key = scene_key
         self._cache: dict[tuple[Path, str, int], tuple[np.ndarray, dict[str, Any]]] = {}
+        self._runs: dict[Path, RunImages] = {}
 
     def of(self, run_dir: Path, record: dict[str, Any]) -> tuple[np.ndarray, dict[str, Any]]:
-        from csd.evaluation.images import load_rgb
         from csd.evaluation.toy import scene_of
         from csd.toy import checker
 
         key = (run_dir, record["prompt_id"], record["sample"])
         if key not in self._cache:
-            image = np.asarray(load_rgb(run_dir / record["image"]))
+            # the PNG, or the record's tokens decoded with the run's model (csd.decode): committed runs have no PNGs
+            image = self._runs.setdefault(run_dir, RunImages(run_dir, records=())).array(record)
             self._cache[key] = (region_map(image, record, self.scene_key),
                                 checker.check_image(image, scene_of(record, self.scene_key)))
         return self._cache[key]

@@ -10,6 +10,7 @@ sweeps need its server, so sweeping is Hydra's job.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import wandb
 from omegaconf import DictConfig, OmegaConf
+from PIL import Image
 
 from csd.evaluation.context import EvalContext
 from csd.report.content_plots import heatmap_figure
@@ -44,10 +46,10 @@ def wandb_group(run_dir: Path, logger: DictConfig) -> str | None:
     return sweep.name if (sweep / MULTIRUN_MARKER).exists() else None
 
 
-def sample_grid(paths: list[Path], captions: list[tuple[str, str]], ncols: int = 4) -> np.ndarray:
-    """The images as one ``[H, W, 3]`` uint8 grid, each captioned with its ``(method, prompt)``
+def sample_grid(images: Sequence[Path | Image.Image], captions: list[tuple[str, str]], ncols: int = 4) -> np.ndarray:
+    """The images (files or in memory) as one ``[H, W, 3]`` uint8 grid, each captioned with its ``(method, prompt)``
     (:func:`csd.report.samples.captioned_grid`)."""
-    tiles = [(path, method, prompt) for path, (method, prompt) in zip(paths, captions, strict=True)]
+    tiles = [(image, method, prompt) for image, (method, prompt) in zip(images, captions, strict=True)]
     return np.asarray(captioned_grid(tiles, ncols))
 
 
@@ -56,7 +58,7 @@ def per_image_table(ctx: EvalContext, per_image: dict[str, list], max_images: in
     columns = ["prompt_id", "sample", "prompt", *per_image, "image"]
     rows = []
     for i, rec in enumerate(ctx.records):
-        image = wandb.Image(str(ctx.run_dir / rec["image"])) if i < max_images else None
+        image = wandb.Image(ctx.images[i]) if i < max_images else None
         rows.append([rec["prompt_id"], rec["sample"], rec["prompt"], *(v[i] for v in per_image.values()), image])
     return wandb.Table(columns=columns, data=rows)
 
@@ -82,7 +84,7 @@ def log_evaluated_run(ctx: EvalContext, result: dict[str, Any], per_image: dict[
     payload: dict[str, Any] = {
         "per_image": per_image_table(ctx, per_image, n),
         "samples": wandb.Image(
-            sample_grid(ctx.image_paths[:n], [(result["run"]["method"], r["prompt"]) for r in ctx.records[:n]]),
+            sample_grid(ctx.images[:n], [(result["run"]["method"], r["prompt"]) for r in ctx.records[:n]]),
             caption=f"first {min(n, len(ctx.records))} images",
         ),
     }

@@ -1,5 +1,6 @@
 """Assemble a sample grid (rows: runs, columns: the same prompts) from finished run directories, every tile
 captioned with its method and prompt (wrapped, truncated) so that an image that misses its prompt stands out.
+Images without a PNG (the committed results have none) are decoded from their records' tokens (csd.decode).
 
     python -m experiments.make_sample_grid results/toy_paper/0_ar results/toy_paper/1_sjd results/toy_paper/9_csd \
         --n 8 --out results/toy_samples_ar_sjd_csd.png
@@ -18,17 +19,17 @@ from pathlib import Path
 
 from PIL import Image
 
-from csd.records import load_records
+from csd.decode import RunImages
 from csd.report.samples import TILE, captioned_grid
 
 
 def sample_grid(run_dirs: list[Path], n: int, tile: int) -> Image.Image:
     """The first ``n`` images (by prompt id and sample; fewer if a run has fewer) of each run, one row per run,
     tiles ``tile`` pixels wide."""
-    rows = [(json.loads((d / "run.json").read_text())["method"], d,
-             sorted(load_records(d), key=lambda r: (r["prompt_id"], r["sample"]))) for d in run_dirs]
-    ncols = min(n, *(len(records) for _, _, records in rows))
-    tiles = [(d / r["image"], method, r["prompt"]) for method, d, records in rows for r in records[:ncols]]
+    rows = [(json.loads((d / "run.json").read_text())["method"], RunImages(d)) for d in run_dirs]
+    ncols = min(n, *(len(images) for _, images in rows))
+    tiles = [(image, method, record["prompt"]) for method, images in rows
+             for image, record in zip(images[:ncols], images.records[:ncols], strict=True)]
     return captioned_grid(tiles, ncols=ncols, tile=tile)
 
 

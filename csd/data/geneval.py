@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 from csd.data.files import check_size, require_file
 from csd.errors import DatasetFileError
 from csd.prompts import Prompt
-from csd.records import load_records
+from csd.records import load_records, png_bytes
 
 GENEVAL_PROMPTS = 553
 
@@ -43,13 +42,17 @@ def geneval_prompts(metadata: str | Path, n_prompts: int | None = None, **_: obj
 
 
 def export_geneval(run_dir: str | Path, outdir: str | Path) -> Path:
-    """Write a finished run's images as ``<outdir>/<index:05d>/{metadata.jsonl, samples/<sample:04d>.png}``.
+    """Write a finished run's images as ``<outdir>/<index:05d>/{metadata.jsonl, samples/<sample:04d>.png}`` (the run's
+    PNGs, or for those it lacks the decodes of their records, byte for byte the PNGs the run wrote).
 
     That is the folder layout GenEval's ``evaluate_images.py`` reads; scoring itself needs the
     official detector stack and is run outside this harness.
     """
+    from csd.decode import RunImages  # builds the run's model only for images without a PNG
+
     run_dir, outdir = Path(run_dir), Path(outdir)
     records = load_records(run_dir)
+    images = RunImages(run_dir, records)
     if not records:
         raise FileNotFoundError(f"no records in {run_dir}: run the generate stage first")
     for rec in records:
@@ -59,5 +62,5 @@ def export_geneval(run_dir: str | Path, outdir: str | Path) -> Path:
         prompt_dir = outdir / f"{meta['index']:05d}"
         (prompt_dir / "samples").mkdir(parents=True, exist_ok=True)
         (prompt_dir / "metadata.jsonl").write_text(json.dumps(meta["geneval"]) + "\n", encoding="utf-8")
-        shutil.copyfile(run_dir / rec["image"], prompt_dir / "samples" / f"{rec['sample']:04d}.png")
+        (prompt_dir / "samples" / f"{rec['sample']:04d}.png").write_bytes(png_bytes(images.array(rec)))
     return outdir

@@ -13,6 +13,7 @@ from typing import Any, Literal
 import numpy as np
 import open_clip
 import torch
+from PIL import Image
 from tqdm import tqdm
 
 from csd.errors import MissingWeightsError
@@ -120,7 +121,7 @@ Clamp = Literal["image", "mean", "none"]
 @torch.no_grad()
 def clip_scores(
     clip: ClipModel,
-    image_paths: Sequence[Path],
+    images: Sequence[Path | Image.Image],
     texts: Sequence[str],
     batch_size: int,
     device: torch.device,
@@ -134,12 +135,12 @@ def clip_scores(
     ``preprocess`` runs on each image before the CLIP model's own preprocessing; :func:`clip_score_value`
     turns the per-image scores into the metric.
     """
-    if len(image_paths) != len(texts):
+    if len(images) != len(texts):
         raise ValueError("one caption per image is required")
     scores = []
     for start in tqdm(range(0, len(texts), batch_size), desc="CLIP score", unit="batch", leave=False):
-        paths, caps = image_paths[start : start + batch_size], texts[start : start + batch_size]
-        pixels = torch.stack([clip.preprocess(preprocess(load_rgb(p))) for p in paths]).to(device)
+        batch, caps = images[start : start + batch_size], texts[start : start + batch_size]
+        pixels = torch.stack([clip.preprocess(preprocess(load_rgb(p))) for p in batch]).to(device)
         img = torch.nn.functional.normalize(clip.model.encode_image(pixels).float(), dim=-1)
         tokens = clip.tokenizer([prefix + c for c in caps]).to(device)
         txt = torch.nn.functional.normalize(clip.model.encode_text(tokens).float(), dim=-1)

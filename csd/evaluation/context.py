@@ -11,8 +11,8 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from csd.errors import RecordsError
-from csd.records import check_records_match, image_readable, load_located_records
+from csd.decode import RunImages
+from csd.records import check_records_match, load_located_records
 
 
 class NotApplicable(Exception):
@@ -65,7 +65,7 @@ class EvalContext:
     @classmethod
     def load(cls, run_dir: str | Path, eval_cfg: DictConfig, device: str = "auto") -> EvalContext:
         """Read ``run.json`` and the records of every shard, refusing records that ``run.json`` does not
-        describe and records whose image is missing or unreadable (a resume sets both aside, redoes them)."""
+        describe (a resume sets them aside and redoes them). Images are not read here (:attr:`images`)."""
         run_dir = Path(run_dir)
         info_path = run_dir / "run.json"
         if not info_path.exists():
@@ -77,10 +77,6 @@ class EvalContext:
         info = merge_shard_info(json.loads(info_path.read_text()), run_dir)
         where = [at for at, _ in located]
         check_records_match(records, info, where)
-        for at, record in located:
-            if not image_readable(run_dir / record["image"]):
-                raise RecordsError(f"{at}: {run_dir / record['image']} is missing or unreadable; "
-                                   "resume the run (stage=generate) to make the image again")
         dev = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
         return cls(run_dir, info, records, eval_cfg, torch.device(dev), where)
 
@@ -94,6 +90,8 @@ class EvalContext:
     def is_toy(self) -> bool:
         return self.info["model"] in self.eval.toy.models
 
-    @property
-    def image_paths(self) -> list[Path]:
-        return [self.run_dir / r["image"] for r in self.records]
+    @cached_property
+    def images(self) -> RunImages:
+        """The records' images, in their order: each PNG, or (missing or unreadable) its tokens decoded by the run's
+        model (csd.decode); a metric that reads no image loads no model."""
+        return RunImages(self.run_dir, self.records)

@@ -378,8 +378,8 @@ def geneval_metric(ctx: EvalContext) -> MetricOutput:
     rules = Rules(g.threshold, g.counting_threshold, g.max_objects, g.position_threshold)
     detector = load_detector(g.detector, ctx.device)
     colours = load_colour_classifier(g.clip_model, g.clip_pretrained, ctx.device)
-    results = [score_image(load_rgb(path), meta, detector, colours, rules)
-               for path, meta in tqdm(list(zip(ctx.image_paths, metas, strict=True)), desc="GenEval", leave=False)]
+    results = [score_image(load_rgb(image), meta, detector, colours, rules)
+               for image, meta in tqdm(zip(ctx.images, metas, strict=True), total=len(metas), desc="GenEval", leave=False)]
     tags = [m["tag"] for m in metas]
     correct = [ok for ok, _ in results]
     protocol = {

@@ -108,8 +108,11 @@ class Preprocess:
 RAW = Preprocess()
 
 
-def load_rgb(path: str | Path) -> Image.Image:
-    with Image.open(path) as im:
+def load_rgb(image: str | Path | Image.Image) -> Image.Image:
+    """An image file, or an image already in memory (a run's, csd.decode.RunImages), in RGB."""
+    if isinstance(image, Image.Image):
+        return image.convert("RGB")
+    with Image.open(image) as im:
         return im.convert("RGB")
 
 
@@ -135,6 +138,6 @@ def uint8_batches(images: Iterable[torch.Tensor], batch_size: int) -> Iterator[t
         yield torch.stack(batch)
 
 
-def file_batches(paths: Iterable[Path], preprocess: Preprocess, batch_size: int) -> Iterator[torch.Tensor]:
-    """Load, preprocess and batch image files."""
-    return uint8_batches((to_tensor(preprocess(load_rgb(p))) for p in paths), batch_size)
+def file_batches(images: Iterable[Path | Image.Image], preprocess: Preprocess, batch_size: int) -> Iterator[torch.Tensor]:
+    """Load (files; images in memory as they are), preprocess and batch images."""
+    return uint8_batches((to_tensor(preprocess(load_rgb(p))) for p in images), batch_size)

@@ -81,7 +81,7 @@ def clip_score_metric(ctx: EvalContext) -> MetricOutput:
     clip = _clip_model(ctx)
     pre = Preprocess(c.transforms)
     captions = [r["prompt"] for r in ctx.records]
-    scores = clip_scores(clip, ctx.image_paths, captions, ctx.eval.batch_size, ctx.device, pre, c.prefix, c.scale, c.clamp)
+    scores = clip_scores(clip, ctx.images, captions, ctx.eval.batch_size, ctx.device, pre, c.prefix, c.scale, c.clamp)
     protocol = {**_protocol(ctx), "clip": {"model": clip.name, "transforms": pre.describe(), "prefix": c.prefix,
                                            "scale": c.scale, "clamp": c.clamp}}
     return MetricOutput({"clip_score": clip_score_value(scores, c.clamp)}, {"clip_score": scores.tolist()}, protocol)
@@ -151,7 +151,7 @@ def fid_metric(ctx: EvalContext) -> MetricOutput:
         cached = load_reference(metric, key, ref_batches, f.cache_dir, ctx.device)
         reference = {"n_reference": int(metric.real_features_num_samples)}
     with FeatureRecorder(metric.inception) as generated:  # keeps the generated features for the interval
-        value = generated_fid(metric, file_batches(ctx.image_paths, pre, ctx.eval.batch_size), ctx.device)
+        value = generated_fid(metric, file_batches(ctx.images, pre, ctx.eval.batch_size), ctx.device)
     interval = fid_interval(metric, generated.features, [r["prompt_id"] for r in ctx.records], ctx.eval.bootstrap)
     protocol = {**_protocol(ctx), "fid": {"features": features, "transforms": pre.describe(), "paired": f.paired,
                                           **reference, "reference_cached": cached}}
@@ -172,7 +172,7 @@ def content_metric(ctx: EvalContext) -> MetricOutput:
 def scene_metric(ctx: EvalContext) -> MetricOutput:
     if not ctx.is_toy:
         raise NotApplicable("the scene checker applies to the toy model only")
-    checks = toy.scene_checks(ctx.records, ctx.run_dir, ctx.eval.toy.scene_key)
+    checks = toy.scene_checks(ctx.records, ctx.images, ctx.eval.toy.scene_key)
     t = ctx.eval.toy
     accuracy = toy.scene_accuracy(checks, list(t.categories), dict(t.only_if))
     return MetricOutput(accuracy, toy.scene_correct(checks, list(t.categories), dict(t.only_if)))
@@ -181,7 +181,7 @@ def scene_metric(ctx: EvalContext) -> MetricOutput:
 def regions_metric(ctx: EvalContext) -> MetricOutput:
     if not ctx.is_toy:
         raise NotApplicable("region analysis needs the toy segmenter")
-    regions = toy.region_acceptance(ctx.records, ctx.run_dir, ctx.eval.toy.scene_key)
+    regions = toy.region_acceptance(ctx.records, ctx.images, ctx.eval.toy.scene_key)
     flat = {f"relaxed_rate_{reg}": c["relaxed_rate"] for reg, c in regions.items()}
     return MetricOutput(flat, content={"regions": regions})
 

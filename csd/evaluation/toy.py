@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from hydra.utils import get_method
+from PIL import Image
 from tqdm import tqdm
 
 from csd.errors import MissingWeightsError
@@ -46,12 +46,15 @@ def load_toy_clip_model(device: torch.device) -> ClipModel:
     return ClipModel(model, preprocess, tokenizer, "toy-clip")
 
 
-def scene_checks(records: Sequence[dict[str, Any]], run_dir: Path, scene_key: str | None) -> list[dict[str, bool]]:
-    """``csd.toy.checker.check_image`` of every generated image against its prompt's scene."""
+def scene_checks(records: Sequence[dict[str, Any]], images: Sequence[Image.Image], scene_key: str | None
+                 ) -> list[dict[str, bool]]:
+    """``csd.toy.checker.check_image`` of every generated image (``images[i]``: ``records[i]``'s) against its prompt's
+    scene."""
     checker = _toy("checker")
     return [
-        checker.check_image(np.asarray(load_rgb(run_dir / r["image"])), scene_of(r, scene_key))
-        for r in tqdm(records, desc="scene checker", unit="img", leave=False)
+        checker.check_image(np.asarray(load_rgb(image)), scene_of(r, scene_key))
+        for r, image in tqdm(zip(records, images, strict=True), total=len(records), desc="scene checker", unit="img",
+                             leave=False)
     ]
 
 
@@ -103,8 +106,10 @@ def rendered_reference(
     return {"render": render, "prompts": [(p.prompt_id, p.text, p.meta) for p in prompts]}, batches
 
 
-def region_acceptance(records: Sequence[dict[str, Any]], run_dir: Path, scene_key: str | None) -> dict[str, dict[str, float]]:
-    """Accepted and relaxed drafts per region: object cells vs smooth vs textured background.
+def region_acceptance(records: Sequence[dict[str, Any]], images: Sequence[Image.Image], scene_key: str | None
+                      ) -> dict[str, dict[str, float]]:
+    """Accepted and relaxed drafts per region: object cells vs smooth vs textured background (``images[i]``:
+    ``records[i]``'s image).
 
     Each generated image is segmented (``csd.toy.checker.segment``, label 0 = background), the label
     map is downsampled to the token grid, and background cells take the scene's
@@ -112,9 +117,10 @@ def region_acceptance(records: Sequence[dict[str, Any]], run_dir: Path, scene_ke
     """
     checker = _toy("checker")
     counts = {reg: {"positions": 0, "accepted": 0, "relaxed": 0} for reg in REGIONS}
-    for r in tqdm(records, desc="regions", unit="img", leave=False):
+    pairs = zip(records, images, strict=True)
+    for r, image in tqdm(pairs, total=len(records), desc="regions", unit="img", leave=False):
         kinds = on_grid(r, "commit_kind")
-        obj = region_grid(np.asarray(checker.segment(np.asarray(load_rgb(run_dir / r["image"])))), r["grid"])
+        obj = region_grid(np.asarray(checker.segment(np.asarray(load_rgb(image)))), r["grid"])
         background = checker.background_kind(scene_of(r, scene_key))
         for reg, mask in (("object", obj), (background, ~obj)):
             k = kinds[mask]

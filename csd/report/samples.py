@@ -8,6 +8,8 @@ from pathlib import Path
 
 from PIL import Image, ImageDraw, ImageFont
 
+from csd.evaluation.images import load_rgb
+
 #: tile width in pixels: small images (the toy's 32 x 32) are upscaled, nearest neighbour, so the caption fits
 TILE = 160
 #: prompt lines under a tile (below the method's line); longer prompts end in "…"
@@ -38,20 +40,21 @@ def caption_lines(text: str, font: ImageFont.ImageFont, width: float, max_lines:
     return lines
 
 
-def captioned_grid(tiles: Sequence[tuple[Path, str, str]], ncols: int, tile: int = TILE) -> Image.Image:
-    """``(image path, method, prompt)`` tiles in rows of ``ncols``, each ``tile`` pixels wide (height by the image's
-    aspect) with its method and prompt under it, on white."""
+def captioned_grid(tiles: Sequence[tuple[Path | Image.Image, str, str]], ncols: int, tile: int = TILE) -> Image.Image:
+    """``(image, method, prompt)`` tiles in rows of ``ncols``, each ``tile`` pixels wide (height by the image's
+    aspect) with its method and prompt under it, on white. An image is a file or in memory (a run's images:
+    csd.decode.RunImages, which decodes those without a PNG)."""
     font = ImageFont.load_default(size=FONT_SIZE)
-    first = Image.open(tiles[0][0])
+    first = load_rgb(tiles[0][0])
     tile_h = round(tile * first.height / first.width)
     line_h = FONT_SIZE + 3
     cell_w, cell_h = tile + PAD, tile_h + PAD + line_h * (1 + CAPTION_LINES) + PAD
     rows = -(-len(tiles) // ncols)
     grid = Image.new("RGB", (ncols * cell_w, rows * cell_h), "white")
     draw = ImageDraw.Draw(grid)
-    for i, (path, method, prompt) in enumerate(tiles):
+    for i, (source, method, prompt) in enumerate(tiles):
         x, y = (i % ncols) * cell_w, (i // ncols) * cell_h
-        image = Image.open(path).convert("RGB")
+        image = load_rgb(source)
         resample = Image.NEAREST if image.width < tile else Image.LANCZOS
         grid.paste(image.resize((tile, tile_h), resample), (x, y))
         text_y = y + tile_h + PAD

@@ -35,8 +35,10 @@ def make_run(
     relaxed_every: int = 0,
     metas: list[dict[str, Any]] | None = None,
     images: list[np.ndarray] | None = None,
+    tokens: list[list[int]] | None = None,
 ) -> Path:
-    """A finished run: ``n_images`` records whose latencies are ``latency * (1, 2, ...)``/mean-normalised."""
+    """A finished run: ``n_images`` records whose latencies are ``latency * (1, 2, ...)``/mean-normalised; ``tokens``
+    (per image; default ``0 .. grid size - 1``) are the records' (their PNGs are ``images``, not decodes of them)."""
     params = {"name": method, "window": 1 if method == "ar" else 16, "init": "random", **(method_params or {})}
     run_dir.mkdir(parents=True, exist_ok=True)
     info = {"method": method, "method_params": params, "model": model,
@@ -55,7 +57,8 @@ def make_run(
         nfe = n_pos - accepted
         rec = ImageRecord(
             prompt_id=f"p{i:03d}", prompt=f"caption {i}", sample=0, seed=i, method=method, method_params=params,
-            model=model, image=image_name(f"p{i:03d}", 0), tokens=list(range(n_pos)), grid=list(grid), nfe=nfe,
+            model=model, image=image_name(f"p{i:03d}", 0), tokens=tokens[i] if tokens else list(range(n_pos)),
+            grid=list(grid), nfe=nfe,
             iterations=nfe, step_compression=n_pos / nfe, drafts_proposed=0 if method == "ar" else 2 * n_pos,
             drafts_verified=n_pos, drafts_accepted=accepted, relaxed_accepts=kinds.count(COMMIT_RELAXED),
             filter_checks=n_pos, filter_passes=n_pos // 2, prefill_s=0.01, decode_s=latency * (i + 1) / 2.5,

@@ -186,15 +186,28 @@ def test_a_truncated_metrics_json_is_named_with_the_fix(tmp_path, caplog, capsys
 
 
 @pytest.mark.parametrize("damage", ["truncated", "deleted"])
-def test_evaluate_names_a_broken_or_missing_image_and_says_resume(tmp_path, capsys, damage):
-    run = make_run(tmp_path / "r", "csd", n_images=3)
+def test_evaluate_needs_no_png_and_names_an_image_it_cannot_decode(tmp_path, capsys, monkeypatch, damage):
+    from csd.toy.domain import toy_prompts
+
+    # toy scenes, but 4 x 4 made-up tokens: not an image of the toy model
+    run = make_run(tmp_path / "r", "csd", n_images=3, metas=[p.meta for p in toy_prompts(3, split="heldout")])
     png = run / load_records(run)[1]["image"]
     if damage == "truncated":
         png.write_bytes(png.read_bytes()[:60])
     else:
         png.unlink()
-    err = exit_line(stage_cfg("evaluate", tmp_path, run_dir=str(run)), capsys)
-    assert f"{png} is missing or unreadable" in err and "resume the run" in err
+    load = "csd.decode.load_run_adapter"
+    with monkeypatch.context() as patch:
+        patch.setattr(load, lambda *a, **k: pytest.fail("metrics of the records alone decoded an image"))
+        run_stages(stage_cfg("evaluate", tmp_path, run_dir=str(run)))
+    assert (run / METRICS_FILE).exists()
+    cfg = stage_cfg("evaluate", tmp_path, run_dir=str(run))
+    cfg.eval.toy.metrics = ["speed", "scene"]  # reads every image: p001's is decoded from its record
+    with pytest.raises(SystemExit) as exit_info:
+        run_stages(cfg)
+    last = capsys.readouterr().err.strip().split("\r")[-1]  # after the scene checker's progress bar
+    assert exit_info.value.code == 2 and last.startswith("error: ") and len(last.splitlines()) == 1
+    assert "p001 sample 0 has 16 tokens, but the run's model (ToyAdapter) decodes images of 256" in last
 
 
 # -- directories that do not exist are named, and nothing is created -----------------------------------------
@@ -229,11 +242,11 @@ def test_status_counts_the_records_a_resume_keeps(tmp_path):
     path = tmp_path / RECORDS_FILE
     lines = path.read_text().splitlines(keepends=True)
     path.write_text(lines[0][:80] + "\n" + lines[1] + lines[2])  # a corrupt line
-    (tmp_path / json.loads(lines[2])["image"]).unlink()  # a deleted PNG
+    (tmp_path / json.loads(lines[2])["image"]).unlink()  # a deleted PNG: its record is still the image
     table, rows = status_table(tmp_path, stale_min=10)
-    assert [(r.done, r.total, r.state) for r in rows] == [(1, 3, "stopped")]
-    assert "1/3 images" in table
-    assert len(RecordWriter(tmp_path).done) == 1  # what the resume keeps
+    assert [(r.done, r.total, r.state) for r in rows] == [(2, 3, "stopped")]
+    assert "2/3 images" in table
+    assert len(RecordWriter(tmp_path).done) == 2  # what the resume keeps
 
 
 def test_resume_and_evaluate_treat_a_record_of_other_settings_alike(tmp_path):

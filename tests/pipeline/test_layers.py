@@ -75,6 +75,20 @@ def test_every_contract_is_kept() -> None:
     assert "0 broken" in result.stdout
 
 
+def test_every_module_of_csd_is_in_a_layer_and_forbidden_to_baselines() -> None:
+    """A module missing from the contracts would be checked by neither: each of ``csd``'s modules and packages is in
+    exactly one layer, and forbidden to ``baselines/`` unless it is the rule layer."""
+    import tomllib
+
+    layers, forbidden = (c for c in tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+                         ["contracts"])
+    layered = [name.strip() for line in layers["layers"] for name in line.split("|")]
+    modules = sorted(f"csd.{p.stem if p.is_file() else p.name}" for p in (ROOT / "csd").iterdir()
+                     if (p.suffix == ".py" and p.stem != "__init__") or (p / "__init__.py").is_file())
+    assert sorted(layered) == modules
+    assert sorted(forbidden["forbidden_modules"]) == sorted(set(modules) - {"csd.acceptance", "csd.params", "csd.schema"})
+
+
 @pytest.mark.slow
 def test_a_planted_upward_import_breaks_the_layers(planted: Path) -> None:
     result = lint(planted)

@@ -1,16 +1,24 @@
-"""The committed toy results are reproducible: same config and seed -> same tokens."""
+"""The committed toy results are reproducible: same config and seed -> same tokens; their images (not committed) are
+decodes of those tokens, byte for byte the PNGs the runs wrote."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
+from PIL import Image
 
 from csd import Decoder
+from csd.decode import RunImages
 from csd.drafters.eagle import EagleDrafter
 from csd.drafters.pjd import PJDDrafter
-from csd.records import load_records
+from csd.evaluation.toy import scene_checks
+from csd.records import load_records, png_bytes
+from csd.study import Images
 
 RESULTS = Path(__file__).resolve().parents[2] / "results"
 RUNS = sorted(RESULTS.glob("toy_paper/*/run.json"))
@@ -105,3 +113,47 @@ def test_committed_spatial_run_reproduces_at_batch_1(run):
     _, gen = dec.generate(record["prompt"], seed=record["seed"])
     assert gen.tokens.tolist() == record["tokens"]
     assert gen.nfe == record["nfe"]
+
+
+#: sha256 of the PNG of each run's first record as the run wrote it (committed until the images became decodes)
+COMMITTED_PNGS = {
+    "toy_paper/0_ar": "f6e67cb5830245b916408e91f557fe7ae1e0a019bfdd7cb434b09c4a2a4d0ae2",
+    "toy_paper/9_csd": "8712bf96f78b2e347428abab79ef995a25fc342748d67c1992dc23ca54637a1a",
+    "entropy_regimes/T2.4/csd_x1.50": "a3231956f3a5e306c446e22b4defa04e611108d07ebb9f8f565150a3bf754b77",
+    "entropy_study/amplify_x1.25": "772ebc49bff11c7c2c9f5a8ffc17a0f3e3d7b96e8386ddb98a2f7e6eb5c6fe1b",
+    "toy_drafters/4_sjd_tree": "284cc0a036f6fa8d5627047ba9cb50656d44616a7f45c75575d047d4369b38c6",
+    "toy_zipar/1_sjd": "8432bead30dba533722d86bb6311644aa4cb51da05a3ea0cc1799907ec0725e2",
+}
+
+
+@pytest.mark.parametrize("run", COMMITTED_PNGS)
+def test_committed_run_decodes_to_the_png_it_wrote(run):
+    images = RunImages(RESULTS / run)
+    assert hashlib.sha256(png_bytes(images.decode(images.records[0]))).hexdigest() == COMMITTED_PNGS[run]
+
+
+def test_committed_runs_carry_no_images():
+    if shutil.which("git") is None or not (RESULTS.parent / ".git").exists():
+        pytest.skip("not a git checkout")
+    tracked = subprocess.run(["git", "ls-files", "results"], cwd=RESULTS.parent, capture_output=True, text=True,
+                             check=True).stdout.split()
+    assert tracked and not [p for p in tracked if "/images/" in p]
+    ignored = subprocess.run(["git", "check-ignore", "-q", "results/toy_paper/0_ar/images/toy-0000_s0.png"],
+                             cwd=RESULTS.parent)
+    assert ignored.returncode == 0  # a decode or a rerun does not add them back
+
+
+@pytest.mark.parametrize("run", ["toy_paper/9_csd", "entropy_study/csd_x1.10"])
+def test_committed_runs_evaluation_inputs_decode(run):
+    """Without PNGs the scene checker sees, in the decodes, what the run's evaluation saw in its PNGs (per_image.jsonl)."""
+    run_dir = RESULTS / run
+    records = load_records(run_dir)[:6]
+    images = RunImages(run_dir, records)
+    checks = scene_checks(records, [Image.fromarray(images.decode(r)) for r in records], None)
+    evaluated = [json.loads(line) for line in (run_dir / "per_image.jsonl").read_text().splitlines()[:6]]
+    assert [(e["prompt_id"], e["sample"]) for e in evaluated] == [(r["prompt_id"], r["sample"]) for r in records]
+    study = Images(None)  # the study's reader (csd.study)
+    for record, check, seen in zip(records, checks, evaluated, strict=True):
+        assert {k: bool(check[k]) for k in ("object", "colour", "count", "overall")} == {
+            k: seen[f"scene_{k}"] for k in ("object", "colour", "count", "overall")}
+        assert study.of(run_dir, record)[1] == check
