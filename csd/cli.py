@@ -347,7 +347,8 @@ def run_stages(cfg: DictConfig) -> None:
     try:
         validate(cfg)
         one_gpu_per_shard(cfg)  # before anything asks CUDA for memory (engine.batch_size=auto's plan)
-        without_loading_bars()  # before the evaluate stage's model loads too
+        if cfg.stage not in ("status", "report", "plan"):  # the stages that load a model (evaluate: CLIP's too)
+            without_loading_bars()
         if cfg.threads is not None:
             torch.set_num_threads(cfg.threads)
         check_dirs(cfg.stage, cfg.run_dir, cfg.sweep_dir)

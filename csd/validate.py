@@ -110,7 +110,11 @@ def validate(cfg: DictConfig) -> None:
 
 
 def _cross_checks(cfg: DictConfig) -> None:
-    """The checks across keys, and the rule's and drafter's own, before any model loads."""
+    """The checks across keys, and the rule's and drafter's own, before any model loads. ``stage=status`` and
+    ``stage=report`` read directories only: they build no rule, drafter or model, so only their values are checked
+    (against their specs), and no model's module is imported."""
+    if cfg.stage in ("status", "report"):
+        return
     m, d, drafter = cfg.method, cfg.dataset, build_drafter(cfg.drafter)
     problem = drafter.method_problem(m.name)
     _check(problem is None, str(problem))
@@ -121,7 +125,9 @@ def _cross_checks(cfg: DictConfig) -> None:
     auto = cfg.engine.batch_size == "auto"  # the plan may choose any batch: the drafter must take B > 1
     problem = drafter.problem(2 if auto else cfg.engine.batch_size, cfg.engine.compile)
     _check(problem is None, f"engine.batch_size=auto may choose a batch > 1, but {problem}" if auto else str(problem))
-    _check_draft_model(cfg)
+    build_rule(m)
+    entropy_temperature(cfg.model)
+    _check_draft_model(cfg)  # the checks below import the model's module (its adapter class)
     problem = drafter.model_problem(adapter_class(cfg.model))
     _check(problem is None, str(problem))
     _check(not cfg.engine.compile or adapter_class(cfg.model).compilable,
@@ -132,8 +138,6 @@ def _cross_checks(cfg: DictConfig) -> None:
            f"dataset.caption_rule={rule}, but dataset.caption_rule={d.get('caption_rule')}; set "
            f"dataset.caption_rule={rule}, or eval.caption_rule=null to apply its metrics to these prompts")
     _check_class_prompts(cfg)
-    build_rule(m)
-    entropy_temperature(cfg.model)
     problem = config_problem(cfg, drafter)
     _check(problem is None, str(problem))
 

@@ -1,7 +1,7 @@
 """How fast ``run.py`` answers (docs/PERFORMANCE.md, "The command line"): the median wall time of a command line, over
 ``--repeats`` runs each, for one or more checkouts (``--repo``, paired in one process: the same machine, interleaved).
 
-Cases: a typo (``method=sdj``), a bad value (``method.lam=2``), ``--help`` and ``stage=status`` on a committed run. Every
+Cases: a typo (``method=sdj``), a bad value (``method.lam=-1``), ``--help`` and ``stage=status`` on a committed run. Every
 command is refused or answers without loading a model, so the time is what the command line costs before any work::
 
     python -m experiments.bench_cli --repo . ../older-checkout --repeats 5
@@ -25,7 +25,7 @@ from pathlib import Path
 #: case -> run.py's arguments
 CASES = {
     "typo": ["method=sdj"],
-    "bad value": ["method=csd", "method.lam=2"],
+    "bad value": ["method=csd", "method.lam=-1"],
     "--help": ["--help"],
     "stage=status": ["stage=status", "run_dir=results/toy_paper/0_ar"],
 }

@@ -9,13 +9,11 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from csd.report.build import build_report
-
 log = logging.getLogger(__name__)
 
 
 class SweepReportCallback(Callback):
-    """``on_multirun_end``: :func:`build_report` over ``hydra.sweep.dir`` (jobs must have run ``evaluate``)."""
+    """``on_multirun_end``: :func:`csd.report.build.build_report` over ``hydra.sweep.dir`` (jobs must have run ``evaluate``)."""
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         if config.get("stage") not in ("evaluate", "all"):
@@ -24,4 +22,6 @@ class SweepReportCallback(Callback):
         if OmegaConf.select(config, "dataset.num_shards", default=1) > 1:  # shard jobs only generate
             log.info("sharded run: evaluate it once every shard is done (stage=evaluate run_dir=...), then report")
             return
+        from csd.report.build import build_report  # pandas and matplotlib: only when a sweep ends
+
         build_report(Path(config.hydra.sweep.dir), config)

@@ -105,21 +105,34 @@ def test_a_planted_circle_is_found(planted: Path) -> None:
     assert "csd.errors" in cycle and "csd.cli" in cycle
 
 
+def run_py(args: list[str]) -> str:
+    """``run.py <args>`` (its ``__main__``) followed by ``sys.modules``' heavy libraries, as code for a probe."""
+    return (f"import runpy; sys.argv = ['run.py', *{args!r}]; "
+            f"runpy.run_path({str(ROOT / 'run.py')!r}, run_name='__main__')")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("code", [
     "import csd",
     "import csd.cli",
     "from csd.cli import preflight; preflight(['method=sdj'])",
-])
-def test_light_entry_points_import_no_model_library(code: str) -> None:
-    """``import csd`` (the notebook API is imported on first use), ``run.py``'s module and a typo's check."""
-    probe = (f"import sys\ntry:\n    {code.replace('; ', chr(10) + '    ')}\nexcept Exception as err:\n"
-             "    print(type(err).__name__)\n"
+    "from csd.cli import preflight; preflight(['method=csd', 'method.lam=-1'])",
+    run_py(["--help"]),
+    run_py(["stage=status", f"run_dir={ROOT / 'results' / 'toy_paper' / '0_ar'}"]),
+], ids=["import csd", "import csd.cli", "typo", "bad value", "--help", "stage=status"])
+def test_light_entry_points_import_no_model_library(code: str, tmp_path: Path) -> None:
+    """``import csd`` (the notebook API is imported on first use), ``run.py``'s module, a typo's and a bad value's
+    checks, ``run.py --help`` and ``stage=status`` (Hydra's files of the command go under ``tmp_path``)."""
+    probe = (f"import sys\ntry:\n    {code.replace('; ', chr(10) + '    ')}\nexcept BaseException as err:\n"
+             "    print(type(err).__name__, err)\n"
              f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))")
-    result = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                            env={"PYTHONPATH": str(ROOT), "PATH": "", "HF_HUB_OFFLINE": "1"})
+    result = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                            env={"PYTHONPATH": str(ROOT), "PATH": "", "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline"})
     assert result.returncode == 0, result.stderr[-2000:]
-    assert result.stdout.strip().splitlines()[-1] == "[]", result.stdout
+    lines = result.stdout.strip().splitlines()
+    assert lines[-1] == "[]", result.stdout[-2000:]
+    if "status" in code:
+        assert "400/400 images" in result.stdout
 
 
 @pytest.mark.slow
