@@ -192,6 +192,7 @@ SCHEMA: dict[str, Spec | ByTarget] = {
     "eval.report.extra_runs": StrList(),
     "eval.report.pareto_x": StrList(),
     "eval.report.pareto_y": StrList(),
+    "eval.report.html_prompts": Int(min=0),
     "eval.geneval.detector": Str(),
     "eval.geneval.clip_model": Str(),
     "eval.geneval.clip_pretrained": Str(),

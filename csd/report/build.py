@@ -11,6 +11,7 @@ from omegaconf import DictConfig, OmegaConf
 from csd.evaluation import METRICS_FILE
 from csd.report.collect import DEFAULT_RESAMPLES, find_run_dirs, load_run, results_frame
 from csd.report.content_plots import entropy_figure, heatmap_figure, regions_figure, save
+from csd.report.html import DEFAULT_PROMPTS, write_html
 from csd.report.pareto import PARETO_Y, plot_pareto
 from csd.report.table import paper_order, write_tables
 
@@ -30,7 +31,8 @@ def report_dir(source: Path | Sequence[Path], cfg: DictConfig) -> Path:
 
 
 def build_report(run_dirs_or_sweep_dir: Path | list[Path], cfg: DictConfig) -> Path:
-    """Write ``runs.csv``, per-model tables (CSV + Markdown), Pareto and content plots and ``report.md``.
+    """Write ``runs.csv``, per-model tables (CSV + Markdown), Pareto and content plots, ``report.md`` and the page
+    ``index.html`` (:mod:`csd.report.html`: the tables, figures and ``eval.report.html_prompts`` prompts' images).
 
     Reads each run's ``metrics.json`` and ``per_image.jsonl``, and its records to check that the metrics still
     describe them (runs not evaluated, with a broken file or with stale metrics are skipped with a warning),
@@ -55,12 +57,16 @@ def build_report(run_dirs_or_sweep_dir: Path | list[Path], cfg: DictConfig) -> P
     sections = [p.read_text(encoding="utf-8") for p in write_tables(df, out)]
     xs = list(OmegaConf.select(cfg, "eval.report.pareto_x", default=["speedup", "step_compression"]))
     ys = list(OmegaConf.select(cfg, "eval.report.pareto_y", default=PARETO_Y))
+    model_figures = {}
     for model, group in df.groupby("model"):
         figures = [plot_pareto(group, xs, ys, f"{model}: speed vs quality", out / f"pareto_{model}.png")]
         runs = [(row["label"], results[i]) for i, row in paper_order(group).iterrows()]  # the table's order
         figures += _content(model, runs, out)
+        model_figures[str(model)] = figures
         sections.append("\n".join(f"![{p.stem}]({p.name})" for p in figures) + "\n")
     (out / "report.md").write_text("# csd-bench report\n\n" + "\n".join(sections), encoding="utf-8")
+    n_prompts = OmegaConf.select(cfg, "eval.report.html_prompts", default=DEFAULT_PROMPTS)
+    write_html(df, results, out, DEFAULT_PROMPTS if n_prompts is None else n_prompts, model_figures)
     log.info("report: %d runs -> %s", len(df), out)
     return out
 

@@ -132,6 +132,12 @@ def markdown_table(df: pd.DataFrame) -> tuple[str, list[str]]:
     """The table in :func:`paper_order` with ``value [lo, hi]`` cells, :data:`FLAG` on comparisons with AR whose
     interval contains no difference and :data:`SMALL_N` on intervals over fewer than :data:`MIN_PROMPTS` prompts;
     returns the Markdown and the footnotes it needs."""
+    table, notes = full_cells(df)
+    return table.to_markdown(index=False, floatfmt=".3g", missingval=""), notes
+
+
+def full_cells(df: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
+    """The cells of :func:`markdown_table` (rows in :func:`paper_order`, None where empty) and its footnotes."""
     rows = paper_order(df)
     cells: dict[str, list] = {}
     for column, header in COLUMNS.items():
@@ -149,7 +155,7 @@ def markdown_table(df: pd.DataFrame) -> tuple[str, list[str]]:
         notes.append(NOTE_FID)
     if (note := defaults_note(rows["method"])) is not None:
         notes.append(note)
-    return table.to_markdown(index=False, floatfmt=".3g", missingval=""), notes
+    return table, notes
 
 
 def table_context(group: pd.DataFrame) -> str:
@@ -184,6 +190,18 @@ def write_tables(df: pd.DataFrame, out_dir: Path) -> list[Path]:
 def compact_table(group: pd.DataFrame) -> tuple[str, list[str]]:
     """One model's runs for the console: method, knobs (the label's hyper-parameters), speed-up, step compression
     and the main quality (:data:`MAIN_QUALITY`) with its interval; returns the Markdown and its flags' notes."""
+    table, notes = compact_cells(group)
+    return table.to_markdown(index=False, missingval="", disable_numparse=True), notes
+
+
+def main_quality(rows: pd.DataFrame) -> str | None:
+    """The first metric of :data:`MAIN_QUALITY` the runs measured."""
+    return next((m for m in MAIN_QUALITY if _measured(rows, m)), None)
+
+
+def compact_cells(group: pd.DataFrame, delta: bool = False) -> tuple[pd.DataFrame, list[str]]:
+    """The cells of :func:`compact_table` (rows in :func:`paper_order`, None where empty) and its flags' notes;
+    ``delta``: also the main quality's paired difference from AR (``Δ ...``) with its interval, where measured."""
     rows = paper_order(group)
     cells: dict[str, list] = {"method": list(rows["method"])}
     knobs = [label.removeprefix(method).strip() for label, method in zip(rows["label"], rows["method"], strict=True)]
@@ -194,13 +212,17 @@ def compact_table(group: pd.DataFrame) -> tuple[str, list[str]]:
                                      else [interval_cell(v, math.nan, math.nan) for v in rows["speedup"]])
     if _measured(rows, "step_compression"):
         cells[COLUMNS["step_compression"]] = [None if pd.isna(v) else f"{v:.2f}" for v in rows["step_compression"]]
-    main = next((m for m in MAIN_QUALITY if _measured(rows, m)), None)
+    main = main_quality(rows)
     if main is not None:
         cells[COLUMNS[main]] = (interval_cells(rows, main) if _measured(rows, f"{main}_lo")
                                 else [interval_cell(v, math.nan, math.nan) for v in rows[main]])
+        diff = f"d_{main}"
+        if delta and diff in COLUMNS and _measured(rows, diff):
+            cells[COLUMNS[diff]] = (interval_cells(rows, diff) if _measured(rows, f"{diff}_lo")
+                                    else [interval_cell(v, math.nan, math.nan) for v in rows[diff]])
     table = pd.DataFrame(cells).astype(object)
     table = table.where(table.notna(), None)
-    return table.to_markdown(index=False, missingval="", disable_numparse=True), _flag_notes(cells)
+    return table, _flag_notes(cells)
 
 
 def console_tables(df: pd.DataFrame, out_dir: Path) -> str:
