@@ -372,15 +372,17 @@ def comparison(group_results: Sequence[tuple[str, str, dict[str, Any]]], keys: S
         for label, anchor, res, records, images in per_run:
             record = records.get(key)
             pic, amap = '<div class="missing">not in this run</div>', ""
-            if record is not None:
+            if record is not None and res["run_dir"] in broken:
+                pic = '<div class="missing">image not decoded</div>'
+            elif record is not None:
                 try:
                     pic = (f'<img class="sample pixel" src="{data_uri(Image.fromarray(images.array(record)))}" '
                            f'width="{SHOW_PX}" height="{SHOW_PX}" alt="{esc(label)}">')
-                except Exception as err:  # a model that cannot be loaded here: the page without that image
-                    if res["run_dir"] not in broken:
-                        log.warning("%s: images not decoded for the HTML report (%s)", res["run_dir"], err)
-                        broken.add(res["run_dir"])
+                except Exception as err:  # a model that cannot be built here: the page without the run's images
+                    log.warning("%s: images not decoded for the HTML report (%s)", res["run_dir"], err)
+                    broken.add(res["run_dir"])
                     pic = f'<div class="missing">image not decoded: {esc(type(err).__name__)}</div>'
+            if record is not None:
                 try:
                     amap_image = acceptance_map(record)
                     height = round(MAP_PX * amap_image.height / amap_image.width)

@@ -121,6 +121,20 @@ def test_no_prompts_when_asked_for_none(tmp_path: Path) -> None:
     assert page.find("div", "prompt-row") == [] and page.cells["table-toy"]
 
 
+def test_a_run_whose_images_cannot_be_decoded_is_shown_without_them(tmp_path: Path,
+                                                                    caplog: pytest.LogCaptureFixture) -> None:
+    sweep = fixture_sweep(tmp_path / "sweep", tmp_path)
+    run = sweep / "2_csd"
+    shutil.rmtree(run / "images")  # no PNGs, and a model that cannot be built here
+    (run / "config.yaml").write_text("model:\n  _target_: nowhere.to_be.found\n  name: toy\n")
+    out = build_report(sweep, eval_cfg(tmp_path))
+    page = Page((out / HTML_FILE).read_text(encoding="utf-8"))
+    for attrs in page.find("div", "prompt-row"):
+        assert len(page.find("img", "sample", inside=attrs)) == RUNS - 1
+        assert len(page.find("img", "amap", inside=attrs)) == RUNS  # the maps need only the records
+    assert sum("images not decoded for the HTML report" in r.message for r in caplog.records) == 1
+
+
 def test_choose_prompts_first_then_most_different_from_ar() -> None:
     def run(verdicts: list[bool | None]) -> dict[str, Any]:
         return {"per_image": [{"prompt_id": f"p{i}", "sample": 0, "scene_overall": v} for i, v in enumerate(verdicts)]}
