@@ -19,14 +19,17 @@ import logging
 import math
 import re
 from collections.abc import Sequence
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
+from omegaconf import OmegaConf
 from PIL import Image
 
-from csd.decode import RUN_INFO_FILE, RunImages
+from csd.adapters.base import ModelAdapter
+from csd.decode import RUN_INFO_FILE, RunImages, load_run_adapter, run_device, run_model_config
 from csd.evaluation.content import on_grid
 from csd.records import COMMIT_ACCEPTED, COMMIT_FORCED, COMMIT_RELAXED, COMMIT_SAMPLED, load_records
 from csd.report.collect import AR_METHOD
@@ -351,17 +354,35 @@ def _caption(res: dict[str, Any], key: tuple[str, int], metric: tuple[str, str] 
     return ", ".join(parts)
 
 
+class SharedImages(RunImages):
+    """:class:`csd.decode.RunImages` whose model is built once for all the runs of one model config and device
+    (``adapters``), not once per run: a sweep's runs share their model."""
+
+    def __init__(self, run_dir: Path, records: Sequence[dict[str, Any]],
+                 adapters: dict[tuple[str, str], ModelAdapter]) -> None:
+        super().__init__(run_dir, records)
+        self.adapters = adapters
+
+    @cached_property
+    def adapter(self) -> ModelAdapter:
+        key = (OmegaConf.to_yaml(run_model_config(self.run_dir)), str(run_device(self.run_dir, self.device)))
+        if key not in self.adapters:
+            self.adapters[key] = load_run_adapter(self.run_dir, self.device)
+        return self.adapters[key]
+
+
 def comparison(group_results: Sequence[tuple[str, str, dict[str, Any]]], keys: Sequence[tuple[str, int]],
                metric: tuple[str, str] | None) -> str:
     """One block per chosen image: its prompt, then each run's image (AR first) with its acceptance map and a
     caption (label, NFE, step compression, the per-image metric)."""
     wanted = set(keys)
+    adapters: dict[tuple[str, str], ModelAdapter] = {}
     per_run = []
     for label, anchor, res in group_results:
         run_dir = Path(res["run_dir"])
         records = {(r["prompt_id"], r["sample"]): r for r in load_records(run_dir)
                    if (r["prompt_id"], r["sample"]) in wanted}
-        per_run.append((label, anchor, res, records, RunImages(run_dir, records=list(records.values()))))
+        per_run.append((label, anchor, res, records, SharedImages(run_dir, list(records.values()), adapters)))
     blocks = []
     broken: set[str] = set()
     for key in keys:

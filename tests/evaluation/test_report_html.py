@@ -10,6 +10,7 @@ import re
 import shutil
 from html.parser import HTMLParser
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -133,6 +134,29 @@ def test_a_run_whose_images_cannot_be_decoded_is_shown_without_them(tmp_path: Pa
         assert len(page.find("img", "sample", inside=attrs)) == RUNS - 1
         assert len(page.find("img", "amap", inside=attrs)) == RUNS  # the maps need only the records
     assert sum("images not decoded for the HTML report" in r.message for r in caplog.records) == 1
+
+
+def test_runs_of_one_model_share_the_model_that_decodes_their_images(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    import csd.report.html as page_module
+
+    sweep = fixture_sweep(tmp_path / "sweep", tmp_path)
+    for run in sweep.glob("*_*"):
+        shutil.rmtree(run / "images")  # every image decoded from its record
+    built = []
+
+    def fake_adapter(run_dir: Path, device: str | None = None) -> Any:
+        built.append(run_dir)
+        return SimpleNamespace(layout=SimpleNamespace(length=16), device="cpu",
+                               decode_images=lambda ids: torch.full((len(ids), 8, 8, 3), 7, dtype=torch.uint8))
+
+    monkeypatch.setattr(page_module, "load_run_adapter", fake_adapter)
+    out = build_report(sweep, eval_cfg(tmp_path))
+    page = Page((out / HTML_FILE).read_text(encoding="utf-8"))
+    assert len(built) == 1  # one model for the four runs
+    assert all(len(page.find("img", "sample", inside=a)) == RUNS for a in page.find("div", "prompt-row"))
 
 
 def test_choose_prompts_first_then_most_different_from_ar() -> None:
