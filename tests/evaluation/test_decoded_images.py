@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from csd.data.geneval import export_geneval
-from csd.evaluation import PER_IMAGE_FILE, evaluate_run
+from csd.evaluate import evaluate_run
+from csd.evaluation import PER_IMAGE_FILE
 from csd.evaluation.context import EvalContext
 from csd.report import build_report
 from experiments.make_sample_grid import sample_grid
