@@ -1,8 +1,9 @@
 """The engine's overhead on the toy: ms per iteration, ms inside the model forward, the share outside, by engine step.
 
 Each method (``ar``, ``sjd``, ``csd``, or ``RULE/DRAFTER:key=value,...`` with RULE ``sjd`` or ``csd`` and a drafter
-of ``conf/drafter/``) decodes ``--images`` toy held-out captions (image ``i``: caption ``i``, seed ``i``) at every
-batch size after one untimed warm-up image, one thread (``torch.set_num_threads(1)``), CPU. Per iteration (wall time
+of ``conf/drafter/``) decodes ``--images`` toy held-out captions (image ``i``: caption ``i``, seed ``i``; at least
+``B`` at batch size ``B``) at every batch size after one untimed warm-up image, one thread
+(``torch.set_num_threads(1)``), CPU. Per iteration (wall time
 of the pass / engine iterations, as ``experiments/bench_drafters.py``): ``ms/it``; ``forward``, the adapter's
 ``decode_step`` (prefills included: they are model forwards too); ``outside`` = 1 - forward / wall; and the wall time
 outside the model by engine step (docs/ALGORITHMS.md "The engine loop"): ``propose``, ``feed`` (the batch forward's
@@ -187,7 +188,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     checkout = Path(csd.__file__).resolve().parent.parent
     torch.set_num_threads(1)
     adapter = load_toy_adapter()
-    captions = [p.text for p in toy_prompts(args.images)]
+    captions = [p.text for p in toy_prompts(max(args.images, *(int(b) for b in args.batch_sizes.split(","))))]
     print(HEADER + "\n" + "|---" * (HEADER.count("|") - 1) + "|", flush=True)
     for r in range(args.rounds):
         for batch in (int(b) for b in args.batch_sizes.split(",")):
@@ -197,13 +198,14 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
                 if problem is not None:  # e.g. a tree drafter at B > 1
                     print(f"| {args.label} | {method} | {batch} | {r} | {problem} |", flush=True)
                     continue
-                row = measure(checkout, adapter, method, batch, args.images, captions)
+                images = max(args.images, batch)  # at B > 1 every slot decodes an image
+                row = measure(checkout, adapter, method, batch, images, captions)
                 print(f"| {args.label} | {method} | {batch} | {r} | " + " | ".join(row_cells(row)) + f" | {row['tokens']} |",
                       flush=True)
                 if args.json is not None:
                     with args.json.open("a") as out:
                         out.write(json.dumps({"label": args.label, "method": method, "batch": batch, "round": r,
-                                              "images": args.images, **row}) + "\n")
+                                              "images": images, **row}) + "\n")
 
 
 def pair(args: argparse.Namespace) -> None:
