@@ -223,7 +223,7 @@ def pair(args: argparse.Namespace) -> None:
     if args.json is not None:
         with args.json.open("a") as dest:
             for row in rows:
-                dest.write(json.dumps({**row, "round": row["round"] + 0}) + "\n")
+                dest.write(json.dumps(row) + "\n")
     by_key: dict[tuple, dict[str, list]] = defaultdict(lambda: defaultdict(list))
     for row in rows:
         by_key[(row["method"], row["batch"])][row["label"]].append(row)
