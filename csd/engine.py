@@ -8,7 +8,8 @@ for every image in flight at once (ragged: each has its own ``n``, window and ac
 2. forward: one model forward for the whole batch;
 3. target: the processors turn logits into ``q`` per row (CFG, temperature, top-k);
 4. verify: the rule accepts a prefix (a path, for trees) and the residual or bonus sample ends it; the only host
-   synchronisation of the iteration reads how many tokens each slot commits;
+   synchronisation of the iteration reads how many tokens each slot commits (none when every window has one row:
+   AR, the AR tail);
 5. refresh: this forward's targets become the next window's carried drafts;
 6. roll back: each slot's cache keeps its committed entries and drops the rest;
 7. commit: the tokens, how each was committed, its target entropy and the counters join the image's record.

@@ -128,9 +128,10 @@ class SlotBatch:
             raise ValueError("shifted position ids run on the eager cache: engine.compile must be false")
         rows = self.rows
         inputs = self.adapter.body_inputs(ids.to(self.cache.device).repeat_interleave(rows, dim=0))
-        anchors = to_device(from_prompt, inputs.device, torch.bool).repeat_interleave(rows)
-        anchors = anchors.view(-1, *[1] * (inputs.dim() - 1))
-        inputs[:, :1] = torch.where(anchors, self.prompt_tail, inputs[:, :1])
+        if any(from_prompt):  # a slot's first window: its anchor is the prompt's last token
+            anchors = to_device(from_prompt, inputs.device, torch.bool).repeat_interleave(rows)
+            anchors = anchors.view(-1, *[1] * (inputs.dim() - 1))
+            inputs[:, :1] = torch.where(anchors, self.prompt_tail, inputs[:, :1])
         advance = [a for a in active for _ in range(rows)]
         if tree is not None:  # a tree's nodes may reach past the body by its siblings: room beyond the reserve
             self.cache.grow(max(self.cache.filled) + k)

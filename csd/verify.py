@@ -23,7 +23,7 @@ def exponential_noise(shape: tuple[int, ...], generator: torch.Generator, device
     cell ``[0, 2^-24)`` that ``E`` stands for).
     """
     u = torch.rand(shape, generator=generator, device=device)
-    return (-torch.log1p(-u)).clamp_min(torch.finfo(u.dtype).tiny)
+    return u.neg_().log1p_().neg_().clamp_min_(torch.finfo(u.dtype).tiny)  # -log1p(-u) in place: one buffer
 
 
 def sample_race(probs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
@@ -95,7 +95,7 @@ def verify_window(
     target_entropy: torch.Tensor,
     drafts: torch.Tensor,
     draft_probs: torch.Tensor,
-    draft_forced: torch.Tensor,
+    draft_forced: torch.Tensor | None,
     noise: WindowNoise | torch.Generator,
     n_drafts: torch.Tensor | None = None,
 ) -> tuple[WindowResult, torch.Tensor]:
@@ -104,7 +104,7 @@ def verify_window(
     Shapes: ``target_probs [B, K, V]`` (row ``j`` is the target for the token after window element
     ``j``), ``target_entropy [B, K]``, ``drafts [B, K-1]`` (window elements ``1..K-1``, image-code
     indices), ``draft_probs [B, K-1, V]`` (the recorded ``p``), ``draft_forced [B, K-1]`` (forced
-    structural tokens: always accepted, never counted). ``n_drafts [B]``: drafts of each window (ragged
+    structural tokens: always accepted, never counted; None: none is forced). ``n_drafts [B]``: drafts of each window (ragged
     batches; default ``K - 1``); later entries are padding and never committed.
 
     Draft ``i`` (window element ``i``) is judged against ``q_{i-1}``. At the first rejection ``i*`` the
@@ -126,25 +126,32 @@ def verify_window(
         return WindowResult(zero, samples, empty, empty, empty, None, zero.bool()), samples
 
     positions = torch.arange(window - 1, device=device)
-    valid = True if n_drafts is None else positions < n_drafts.unsqueeze(-1)
+    valid = None if n_drafts is None else positions < n_drafts.unsqueeze(-1)
     verdict = rule.accept_prob(target_probs[:, :-1], draft_probs, drafts, target_entropy[:, :-1])
-    accept_prob = torch.where(draft_forced, 1.0, verdict.accept_prob)
-    accepted_raw = (noise.uniforms < accept_prob) & valid
-    # index of the first rejection (padding counts as rejected), or K - 1 when every draft is accepted
-    rejected = ~accepted_raw
-    n_accepted = torch.where(rejected.any(-1), rejected.int().argmax(-1), window - 1)
-    accepted = positions < n_accepted.unsqueeze(-1)
-    verified = (positions <= n_accepted.unsqueeze(-1)) & valid
+    accept_prob = verdict.accept_prob if draft_forced is None else torch.where(draft_forced, 1.0, verdict.accept_prob)
+    accepted_raw = noise.uniforms < accept_prob
+    if valid is not None:
+        accepted_raw &= valid
+    # the leading run of accepted drafts (padding counts as rejected): n_accepted is the index of the first
+    # rejection, or K - 1 when every draft is accepted
+    leading = accepted_raw.cumprod(-1)
+    n_accepted = leading.sum(-1)
+    accepted = leading.bool()
+    verified = positions <= n_accepted.unsqueeze(-1)
+    if valid is not None:
+        verified &= valid
 
     rejected_one = n_accepted < (window - 1 if n_drafts is None else n_drafts)
     last, fallback = _last_token(rule, target_probs, draft_probs, drafts, samples, n_accepted, rejected_one, noise)
     committed = torch.cat([drafts, samples[:, -1:]], dim=1)
     committed = committed.scatter(1, n_accepted.unsqueeze(-1), last.unsqueeze(-1))
 
-    free = ~draft_forced
-    relaxed = accepted & free & (noise.uniforms >= verdict.lossless_prob)
-    filter_pass = None if verdict.filter_pass is None else verdict.filter_pass & verified & free
-    result = WindowResult(n_accepted, committed, accepted & free, relaxed, verified & free, filter_pass, fallback)
+    if draft_forced is not None:  # forced drafts are accepted but never counted
+        free = ~draft_forced
+        accepted, verified = accepted & free, verified & free
+    relaxed = accepted & (noise.uniforms >= verdict.lossless_prob)
+    filter_pass = None if verdict.filter_pass is None else verdict.filter_pass & verified
+    result = WindowResult(n_accepted, committed, accepted, relaxed, verified, filter_pass, fallback)
     return result, samples
 
 

@@ -49,9 +49,13 @@ class BodyIds:
         self.forced_host = (layout.forced_ids >= 0).tolist()
         self.cols = layout.cols.tolist()
         self.image_ids = adapter.image_token_ids.to(device)
+        #: some body position is forced (a layout without any, of one id dtype, needs no per-call selection)
+        self.any_forced = any(self.forced_host) or self.image_ids.dtype != self.forced.dtype
 
     def __call__(self, idx: torch.Tensor, start: int) -> torch.Tensor:
         """Image-code indices at body positions ``start ..`` -> adapter token ids (forced ids where forced)."""
+        if not self.any_forced:
+            return self.image_ids[idx]
         end = start + idx.numel()
         return torch.where(self.is_forced[start:end], self.forced[start:end], self.image_ids[idx])
 

@@ -17,9 +17,12 @@ import torch.nn.functional as F
 
 from csd.acceptance import AcceptanceRule
 from csd.device import to_device
-from csd.drafters.base import Drafter, Proposal, Verified
+from csd.drafters.base import STAT_KEYS, Drafter, Proposal, Verified
 from csd.records import COMMIT_ACCEPTED, COMMIT_RELAXED, COMMIT_SAMPLED
-from csd.verify import WindowNoise, WindowResult, couple_drafts, verify_window
+from csd.verify import WindowNoise, WindowResult, couple_drafts, exponential_noise, sample_race, verify_window
+
+#: a window's kinds are computed as accepted + relaxed (``verify_chain_batch``)
+assert (COMMIT_SAMPLED, COMMIT_ACCEPTED, COMMIT_RELAXED) == (0, 1, 2)
 
 if TYPE_CHECKING:
     from csd.slot import Slot
@@ -89,7 +92,8 @@ def chain_proposal(drafter: Drafter, slots: list[Slot | None], windows: list[Cha
     fed = drafter.window if (drafter.pad and rows > 1) else rows
     # padding repeats a window's last token (an empty slot: any token); its outputs are dropped and rolled back
     ids = torch.stack([
-        drafter.body.image_ids[:1].expand(fed) if w is None else torch.cat([w.ids, w.ids[-1:].expand(fed - w.rows)])
+        drafter.body.image_ids[:1].expand(fed) if w is None else
+        w.ids if w.rows == fed else torch.cat([w.ids, w.ids[-1:].expand(fed - w.rows)])
         for w in windows
     ])
     from_prompt = [w is not None and slot.n == 0 for slot, w in zip(slots, windows, strict=True)]
@@ -119,9 +123,16 @@ def verify_chain_batch(drafter: Drafter, rule: AcceptanceRule, heads: list[Chain
     ``[1, rows, V]`` or None. Each window draws its random numbers from its own image's generator, in window order.
     The ``drafter_forwards`` counter is 0 (a drafter with forwards of its own adds them)."""
     rows, vocab, device = target.shape[1], drafter.vocab, drafter.device
+    if rows == 1:  # one-row windows (AR, a tail): no draft to judge
+        return _sample_rows(drafter, heads, target, target_entropy, shared)
     own = [None if w is None else WindowNoise.draw(1, w.rows, vocab, head.generator, device, noise)
            for head, w, noise in zip(heads, windows, shared, strict=True)]
-    if all(w is not None and w.rows == rows for w in windows):  # every window full (batch 1 always): no padding
+    if len(windows) == 1 and windows[0] is not None:  # batch 1: the window's own tensors, no copy
+        ((head, w, noise),) = zip(heads, windows, own, strict=True)
+        drafts, draft_probs = w.drafts.unsqueeze(0), w.draft_probs.unsqueeze(0)
+        forced = drafter.body.is_forced[head.n : head.n + rows - 1].unsqueeze(0)
+        n_drafts = None
+    elif all(w is not None and w.rows == rows for w in windows):  # every window full: no padding
         noise = WindowNoise(*(torch.cat([getattr(o, f) for o in own]) for f in ("samples", "uniforms", "residual")))
         drafts = torch.stack([w.drafts for w in windows])
         draft_probs = torch.stack([w.draft_probs for w in windows])
@@ -141,27 +152,55 @@ def verify_chain_batch(drafter: Drafter, rule: AcceptanceRule, heads: list[Chain
             drafts[b, : w.rows - 1], draft_probs[b, : w.rows - 1] = w.drafts, w.draft_probs
             forced[b, : w.rows - 1] = drafter.body.is_forced[head.n : head.n + w.rows - 1]
         n_drafts = to_device([0 if w is None else w.rows - 1 for w in windows], device)
+    if not drafter.body.any_forced:  # no forced position: nothing to exempt
+        forced = None
     result, samples = verify_window(rule, target, target_entropy, drafts, draft_probs, forced, noise, n_drafts)
-    kinds = torch.full((len(windows), rows), COMMIT_SAMPLED, dtype=torch.long, device=device)
-    kinds[:, : rows - 1] = torch.where(
-        result.accepted, torch.where(result.relaxed, COMMIT_RELAXED, COMMIT_ACCEPTED), COMMIT_SAMPLED
-    )
+    # accepted (1) + relaxed (2: a relaxed draft is accepted), sampled (0) elsewhere and in the last row
+    kinds = F.pad(result.accepted.long() + result.relaxed, (0, 1), value=COMMIT_SAMPLED)
     stats = _stats(result, forced, n_drafts)
     counts = (result.n_accepted + 1).tolist()  # the one host synchronisation of the iteration
     counts = [m if w is not None else 0 for m, w in zip(counts, windows, strict=True)]
     return Verified(counts, result.committed, kinds, target_entropy, stats, None, samples)
 
 
-def _stats(result: WindowResult, forced: torch.Tensor, n_drafts: torch.Tensor | None) -> torch.Tensor:
-    """Device-side counters ``[B, len(STAT_KEYS)]`` in STAT_KEYS order (forced positions excluded; ``n_drafts``
-    None: every window full)."""
-    free = ~forced
+def _sample_rows(drafter: Drafter, heads: list[ChainHead | None], target: torch.Tensor, target_entropy: torch.Tensor,
+                 shared: list[torch.Tensor | None]) -> Verified:
+    """Step 4 for one-row windows (AR, a window in the AR tail): each commits its row sample. The random numbers are
+    drawn exactly as :meth:`csd.verify.WindowNoise.draw` draws them for one row (its sample's noise unless shared, no
+    uniform, the residual's noise, which one row never uses: drawn, not transformed), so the images' streams are the
+    same as through :func:`csd.verify.verify_window`; every slot commits one token, known without a host
+    synchronisation."""
+    vocab, device = drafter.vocab, drafter.device
+    noise = []
+    for head, own in zip(heads, shared, strict=True):
+        if head is None:
+            noise.append(target.new_ones((1, 1, vocab)))
+            continue
+        noise.append(exponential_noise((1, 1, vocab), head.generator, device) if own is None else own)
+        torch.rand((1, 0), generator=head.generator, device=device)
+        torch.rand((1, vocab), generator=head.generator, device=device)
+    samples = sample_race(target, noise[0] if len(noise) == 1 else torch.cat(noise))
+    count = len(heads)
+    kinds = torch.full((count, 1), COMMIT_SAMPLED, dtype=torch.long, device=device)
+    stats = torch.zeros((count, len(STAT_KEYS)), dtype=torch.long, device=device)
+    counts = [0 if head is None else 1 for head in heads]
+    return Verified(counts, samples, kinds, target_entropy, stats, None, samples)
+
+
+def _stats(result: WindowResult, forced: torch.Tensor | None, n_drafts: torch.Tensor | None) -> torch.Tensor:
+    """Device-side counters ``[B, len(STAT_KEYS)]`` in STAT_KEYS order (forced positions excluded, None: none;
+    ``n_drafts`` None: every window full): the per-draft flags of the window summed in one reduction."""
+    shape = result.accepted.shape
     if n_drafts is not None:
-        free &= torch.arange(forced.shape[1], device=forced.device) < n_drafts.unsqueeze(-1)
-    proposed = free.sum(-1)
-    verified = result.verified.sum(-1)
-    zero = proposed * 0
-    checks = verified if result.filter_pass is not None else zero
-    passes = result.filter_pass.sum(-1) if result.filter_pass is not None else zero
-    return torch.stack([proposed, verified, result.accepted.sum(-1), result.relaxed.sum(-1), checks, passes,
-                        result.fallback.long(), zero], dim=-1)
+        free = torch.arange(shape[1], device=result.accepted.device) < n_drafts.unsqueeze(-1)
+        if forced is not None:
+            free &= ~forced
+    else:
+        free = torch.ones(shape, dtype=torch.bool, device=result.accepted.device) if forced is None else ~forced
+    flags = [free, result.verified, result.accepted, result.relaxed]
+    if result.filter_pass is not None:
+        flags += [result.verified, result.filter_pass]
+    sums = torch.stack(flags, dim=1).sum(-1)
+    zero = sums[:, :1] * 0
+    filters = [] if result.filter_pass is not None else [zero, zero]
+    return torch.cat([sums, *filters, result.fallback.long().unsqueeze(-1), zero], dim=-1)
