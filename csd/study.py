@@ -20,8 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
 from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf, open_dict
 
@@ -42,7 +40,7 @@ from csd.evaluation.attribution import (
 from csd.evaluation.content import acceptance_by_entropy, on_grid, region_grid
 from csd.evaluation.intervals import paired
 from csd.params import current_names
-from csd.presets import CONF_DIR
+from csd.presets import method_config
 from csd.records import load_records, record_files
 from csd.report.collect import load_run
 from csd.report.matched import KnobMatch, bracketing_mixture, match_compression
@@ -53,21 +51,6 @@ log = logging.getLogger(__name__)
 CALIBRATION_FILE = "study_calibration.json"
 #: metrics compared at matched compression (scene accuracies are added per ``eval.toy.categories``)
 QUALITY = ("clip_score", "fid")
-
-
-def method_config(name: str, values: dict[str, Any]) -> DictConfig:
-    """``method=<name>`` as a run composes it: ``{method, drafter}`` (a method preset may choose its drafter), with
-    ``values`` set on the method; composed by the running Hydra app, else from ``conf/``."""
-    if GlobalHydra.instance().is_initialized():
-        cfg = compose(config_name="config", overrides=[f"method={name}"])
-    else:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            cfg = compose(config_name="config", overrides=[f"method={name}"])
-    setup = OmegaConf.create({"method": cfg.method, "drafter": cfg.drafter})
-    with open_dict(setup):
-        for key, value in values.items():
-            setup.method[key] = value
-    return setup
 
 
 def run_config(cfg: DictConfig, setup: DictConfig, run_dir: Path) -> DictConfig:

@@ -23,12 +23,13 @@ if __spec__ is None:  # run by path: refused in one line naming the `python -m` 
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from experiments._checkout import use_checkout
 
 # csd is imported inside the functions, after ``--checkout`` chose where from
 
@@ -89,17 +90,10 @@ def main() -> None:
     parser.add_argument("--checkout", type=Path, default=None,
                         help="measure the csd of this checkout (an older one) instead of this repository's")
     args = parser.parse_args()
-    if args.checkout is not None:
-        if not (args.checkout / "csd" / "__init__.py").is_file():
-            parser.error(f"--checkout {args.checkout} is not a checkout of this repository (no csd/__init__.py)")
-        sys.path.insert(0, str(args.checkout.resolve()))
-    import csd
+    checkout = use_checkout(args.checkout, parser)
     from csd.adapters.toy import load_toy_adapter
     from csd.toy.domain import toy_prompts
 
-    if args.checkout is not None and not Path(csd.__file__).resolve().is_relative_to(args.checkout.resolve()):
-        parser.error(f"csd was imported from {Path(csd.__file__).parent}, not from --checkout {args.checkout}")
-    checkout = Path(csd.__file__).resolve().parent.parent
     torch.set_num_threads(1)
     adapter = load_toy_adapter()
     captions = [p.text for p in toy_prompts(args.images)]
