@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from csd.errors import ConfigError
 from csd.presets import CONF_DIR, choices
-from csd.registry import metric_names, step_error
+from csd.registry import fid_backend_names, metric_names, step_error
 from csd.schema import (
     Bool,
     ByTarget,
@@ -181,6 +181,8 @@ SCHEMA: dict[str, Spec | ByTarget] = {
     "eval.fid.feature": Choice(options=(64, 192, 768, 2048)),
     "eval.fid.inception_weights": Str(null=""),
     "eval.fid.cache_dir": Str(),
+    "eval.fid.backends": StrList(names=fid_backend_names, what="FID backend", nonempty=True, unique=True),
+    "eval.fid.weights_dir": Str(null="for each package's own place (clean-fid: /tmp; pytorch-fid: the torch hub cache)"),
     "eval.content.entropy_bins": Int(min=1),
     "eval.toy.models": StrList(),
     "eval.toy.metrics": StrList(names=metric_names, what="metric", null=""),  # deprecated: eval.metrics

@@ -37,6 +37,22 @@ IMAGE_STEPS: dict[str, bool] = {
 }
 
 
+#: ``eval.fid.backends``: FID evaluator -> its key in metrics.json; torchmetrics is ``csd.evaluation.fid``, the
+#: packages' ``csd.evaluation.fid_backends.BUILDERS`` (a test keeps the two equal; docs/EVALUATION.md#fid-backends)
+FID_BACKENDS: dict[str, str] = {
+    "torchmetrics": "fid",
+    "clean-fid:clean": "fid_clean",
+    "clean-fid:legacy_tensorflow": "fid_clean_legacy_tf",
+    "clean-fid:legacy_pytorch": "fid_clean_legacy_pt",
+    "pytorch-fid": "fid_pytorch",
+}
+
+
+def fid_backend_names() -> list[str]:
+    """The registered FID backends, in :data:`FID_BACKENDS`' order."""
+    return list(FID_BACKENDS)
+
+
 def metric(name: str) -> Callable[[Any], Any]:
     """The metric function registered as ``name`` (``KeyError`` naming the available ones)."""
     if name not in METRICS:

@@ -199,11 +199,14 @@ class IntList(Spec):
 @dataclass(frozen=True, kw_only=True)
 class StrList(Spec):
     """A list of strings; with ``names``, each must be one of ``names()`` (a ``what``); with ``check``, each
-    must pass it (``check(v)`` says what is wrong with ``v``, None if nothing)."""
+    must pass it (``check(v)`` says what is wrong with ``v``, None if nothing); ``nonempty`` refuses ``[]`` and
+    ``unique`` a repeated name."""
 
     names: Callable[[], list[str]] | None = None
     what: str = "name"
     check: Callable[[str], str | None] | None = None
+    nonempty: bool = False
+    unique: bool = False
 
     def describe(self) -> str:
         return "a list of strings"
@@ -215,6 +218,11 @@ class StrList(Spec):
         message = super().error(key, value)
         if message or value is None:
             return message
+        if self.nonempty and not value:
+            return f"{key}=[] is empty: give at least one {self.what}" + (f", from {self.names()}" if self.names else "")
+        repeated = [v for i, v in enumerate(value) if v in list(value)[:i]]
+        if self.unique and repeated:
+            return f"{key}={show(value)}: {self.what} {repeated[0]!r} is listed twice; list each once"
         problem = next((p for v in value if (p := self.check(v))), None) if self.check is not None else None
         if problem or self.names is None:
             return f"{key}={show(value)}: {problem}" if problem else None

@@ -13,11 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 from omegaconf import DictConfig, OmegaConf
 
 from csd.data.files import DOWNLOAD_HINT
 from csd.errors import MissingDataError
-from csd.evaluation import content, speed, toy
+from csd.evaluation import content, fid_backends, speed, toy
 from csd.evaluation.clip_features import ClipImageFeatures
 from csd.evaluation.clip_score import (
     ClipModel,
@@ -28,7 +29,7 @@ from csd.evaluation.clip_score import (
 )
 from csd.evaluation.context import EvalContext, MetricOutput, NotApplicable
 from csd.evaluation.fid import generated_fid, inception_fid, load_reference, load_reference_stats, module_fid
-from csd.evaluation.fid_interval import FeatureRecorder, fid_interval
+from csd.evaluation.fid_interval import FeatureRecorder, fid_interval, jackknife_interval
 from csd.evaluation.geneval_score import check_geneval_files
 from csd.evaluation.images import Preprocess, file_batches, list_images
 
@@ -122,9 +123,65 @@ def _paired_files(ctx: EvalContext, ref: Path) -> list[Path]:
 
 
 def fid_metric(ctx: EvalContext) -> MetricOutput:
+    """FID by each evaluator of ``eval.fid.backends`` (docs/EVALUATION.md#fid-backends), each under its own key of
+    metrics.json (``csd.registry.FID_BACKENDS``) with its jackknife interval; the images' steps ``eval.fid.transforms``
+    are shared. A toy run's features are the toy CLIP's, which only the torchmetrics backend takes."""
     f = ctx.eval.fid
     if len(ctx.records) < 2:
         raise NotApplicable("FID needs at least 2 generated images")
+    backends = list(f.get("backends", ["torchmetrics"]))
+    packages = [b for b in backends if b != "torchmetrics"]
+    if ctx.is_toy and packages:
+        log.warning("FID backends %s need Inception; a toy run's FID uses the toy CLIP's features: skipping them",
+                    packages)
+        packages = []
+    out = _torchmetrics_fid(ctx) if "torchmetrics" in backends else MetricOutput(protocol=_protocol(ctx))
+    for name in packages:
+        part = _package_fid(ctx, name)
+        out.metrics.update(part.metrics)
+        out.intervals.update(part.intervals)
+        out.protocol.update(part.protocol)
+    return out
+
+
+def _reference_files(ctx: EvalContext) -> list[Path]:
+    return _paired_files(ctx, reference_dir(ctx.eval, ctx.run_config, ctx.info.get("dataset")))
+
+
+def _package_fid(ctx: EvalContext, name: str) -> MetricOutput:
+    """FID of the package backend ``name`` (csd.evaluation.fid_backends): the package's resize, network and Fréchet
+    distance; the reference's mean and covariance from ``eval.fid.reference_stats`` or the reference images (cached)."""
+    f = ctx.eval.fid
+    pre = Preprocess(f.transforms)
+    backend = fid_backends.build(name, f.get("weights_dir"), ctx.device)
+    stats = f.get("reference_stats")
+    if stats:
+        with np.load(require_stats(stats)) as ref:
+            ref_mu, ref_sigma = ref["mu"], ref["sigma"]
+        cached, reference = None, {"reference_stats": str(stats)}
+    else:
+        files = _reference_files(ctx)
+        key = {"files": [(str(p.resolve()), p.stat().st_size) for p in files], "transforms": pre.describe(),
+               "features": backend.features}
+        ref_mu, ref_sigma, n_ref, cached = fid_backends.reference_stats(
+            backend, key, lambda: backend.extract(files, pre, ctx.eval.batch_size, ctx.device), f.cache_dir)
+        reference = {"n_reference": n_ref}
+    features = backend.extract(ctx.images, pre, ctx.eval.batch_size, ctx.device)
+    value = float(backend.frechet(*fid_backends.moments(features), ref_mu, ref_sigma))
+    interval = None
+    if ctx.eval.bootstrap:
+        interval = jackknife_interval(torch.from_numpy(features), [r["prompt_id"] for r in ctx.records],
+                                      torch.from_numpy(np.asarray(ref_mu, dtype=np.float64)),
+                                      torch.from_numpy(np.asarray(ref_sigma, dtype=np.float64)))
+    protocol = {backend.metric: {"backend": name, "features": backend.features, "transforms": pre.describe(),
+                                 "paired": f.paired, **reference, "reference_cached": cached}}
+    return MetricOutput({backend.metric: value}, protocol=protocol,
+                        intervals={backend.metric: interval} if interval else {})
+
+
+def _torchmetrics_fid(ctx: EvalContext) -> MetricOutput:
+    """FID of torchmetrics' ``FrechetInceptionDistance`` (torch-fidelity's Inception), metric ``fid``."""
+    f = ctx.eval.fid
     pre = Preprocess(f.transforms)
     stats = None if ctx.is_toy else f.get("reference_stats")
     if ctx.is_toy:
@@ -134,7 +191,7 @@ def fid_metric(ctx: EvalContext) -> MetricOutput:
     elif stats:
         metric, features = inception_fid(f.feature, f.inception_weights), f"inception-v3-torch-fidelity/{f.feature}"
     else:
-        files = _paired_files(ctx, reference_dir(ctx.eval, ctx.run_config, ctx.info.get("dataset")))
+        files = _reference_files(ctx)
         key = {"files": [(str(p.resolve()), p.stat().st_size) for p in files]}
 
         def ref_batches():
@@ -190,6 +247,13 @@ def regions_metric(ctx: EvalContext) -> MetricOutput:
 GENEVAL_LOADER = "csd.data.geneval.geneval_prompts"
 
 
+def _check_fid_weights(eval_cfg: DictConfig, backends: list[str]) -> None:
+    """The weights of every FID backend: torchmetrics' loaded as the metric loads them, the packages' files looked up."""
+    if "torchmetrics" in backends:
+        inception_fid(eval_cfg.fid.feature, eval_cfg.fid.inception_weights)
+    fid_backends.check_weights(backends, eval_cfg.fid.get("weights_dir"))
+
+
 def check_files(names: Sequence[str], eval_cfg: DictConfig, run_config: DictConfig) -> None:
     """``eval.strict`` before a run is generated (or evaluated): raise the :class:`MissingWeightsError` or
     :class:`MissingDataError` that a metric of ``names`` would raise for a real (non-toy) model's run of
@@ -199,16 +263,17 @@ def check_files(names: Sequence[str], eval_cfg: DictConfig, run_config: DictConf
     if "clip_score" in names:
         c = eval_cfg.clip
         check_open_clip(c.model, c.pretrained, c.get("model_config"))
+    backends = list(eval_cfg.fid.get("backends", ["torchmetrics"]))
     if "fid" in names and eval_cfg.fid.get("reference_stats"):
         require_stats(eval_cfg.fid.reference_stats)
-        inception_fid(eval_cfg.fid.feature, eval_cfg.fid.inception_weights)
+        _check_fid_weights(eval_cfg, backends)
     elif "fid" in names:
         try:
             reference_dir(eval_cfg, run_config, OmegaConf.select(run_config, "dataset.name"))
         except NotApplicable:
             pass
         else:
-            inception_fid(eval_cfg.fid.feature, eval_cfg.fid.inception_weights)
+            _check_fid_weights(eval_cfg, backends)
     if "geneval" in names and OmegaConf.select(run_config, "dataset._target_") == GENEVAL_LOADER:
         g = eval_cfg.geneval
         check_geneval_files(g.detector, g.clip_model, g.clip_pretrained)

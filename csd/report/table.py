@@ -12,6 +12,7 @@ import pandas as pd
 from omegaconf import OmegaConf
 
 from csd.presets import CONF_DIR
+from csd.registry import FID_BACKENDS
 from csd.report.collect import method_label
 from csd.report.labels import CHAIN, default_drafter, method_defaults
 
@@ -26,7 +27,8 @@ METHOD_ORDER = (
 COLUMNS = {
     "label": "method", "lam": "lambda", "delta": "delta", "latency_mean": "latency (s)", "speedup": "speed-up",
     "step_compression": "step compression", "acceptance_rate": "acceptance", "clip_score": "CLIP",
-    "d_clip_score": "Δ CLIP", "fid": "FID", "scene_acc_overall": "scene acc.", "d_scene_acc_overall": "Δ scene acc.",
+    "d_clip_score": "Δ CLIP", "fid": "FID", "fid_clean": "FID clean-fid", "fid_clean_legacy_tf": "FID clean-fid legacy TF",
+    "fid_clean_legacy_pt": "FID clean-fid legacy PT", "fid_pytorch": "FID pytorch-fid", "scene_acc_overall": "scene acc.", "d_scene_acc_overall": "Δ scene acc.",
     "geneval_overall": "GenEval", "d_geneval_overall": "Δ GenEval",
 }
 #: comparisons with AR and their no-difference value: an interval containing it is flagged
@@ -44,8 +46,10 @@ NOTE_SMALL_N = (
     f"{SMALL_N} fewer than {MIN_PROMPTS} prompts behind the interval: a rough guide only (a percentile bootstrap over "
     "so few prompts is too narrow, docs/EVALUATION.md#confidence-intervals)."
 )
+#: the FID columns, one per evaluator of ``eval.fid.backends`` (``csd.registry.FID_BACKENDS``)
+FID_COLUMNS = tuple(FID_BACKENDS.values())
 #: the quality column of the compact console table: the first one measured (the toy's and GenEval's own first)
-MAIN_QUALITY = ("scene_acc_overall", "geneval_overall", "clip_score", "fid")
+MAIN_QUALITY = ("scene_acc_overall", "geneval_overall", "clip_score", *FID_COLUMNS)
 NOTE_FID = (
     "FID interval: delete-a-group jackknife over prompts, reference statistics fixed; it is an interval for FID "
     "at this image count. FID is biased upwards on small image sets: compare FIDs only at equal image counts."
@@ -151,7 +155,7 @@ def full_cells(df: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     table = table.where(table.notna(), None)  # tabulate blanks None, not NaN
     notes = [NOTE_INTERVALS] if any(_measured(rows, f"{c}_lo") for c in COLUMNS) else []
     notes += _flag_notes(cells)
-    if _measured(rows, "fid"):
+    if any(_measured(rows, m) for m in FID_COLUMNS):
         notes.append(NOTE_FID)
     if (note := defaults_note(rows["method"])) is not None:
         notes.append(note)
@@ -189,7 +193,7 @@ def write_tables(df: pd.DataFrame, out_dir: Path) -> list[Path]:
 
 def compact_table(group: pd.DataFrame) -> tuple[str, list[str]]:
     """One model's runs for the console: method, knobs (the label's hyper-parameters), speed-up, step compression
-    and the main quality (:data:`MAIN_QUALITY`) with its interval; returns the Markdown and its flags' notes."""
+    and the main quality (:data:`MAIN_QUALITY`; a FID: each evaluator's) with its interval; returns the Markdown and its flags' notes."""
     table, notes = compact_cells(group)
     return table.to_markdown(index=False, missingval="", disable_numparse=True), notes
 
@@ -213,9 +217,11 @@ def compact_cells(group: pd.DataFrame, delta: bool = False) -> tuple[pd.DataFram
     if _measured(rows, "step_compression"):
         cells[COLUMNS["step_compression"]] = [None if pd.isna(v) else f"{v:.2f}" for v in rows["step_compression"]]
     main = main_quality(rows)
+    # a FID is shown by every evaluator measured (eval.fid.backends), side by side
+    for quality in [m for m in FID_COLUMNS if _measured(rows, m)] if main in FID_COLUMNS else [main] if main else []:
+        cells[COLUMNS[quality]] = (interval_cells(rows, quality) if _measured(rows, f"{quality}_lo")
+                                   else [interval_cell(v, math.nan, math.nan) for v in rows[quality]])
     if main is not None:
-        cells[COLUMNS[main]] = (interval_cells(rows, main) if _measured(rows, f"{main}_lo")
-                                else [interval_cell(v, math.nan, math.nan) for v in rows[main]])
         diff = f"d_{main}"
         if delta and diff in COLUMNS and _measured(rows, diff):
             cells[COLUMNS[diff]] = (interval_cells(rows, diff) if _measured(rows, f"{diff}_lo")
