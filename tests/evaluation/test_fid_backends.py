@@ -174,3 +174,15 @@ def test_report_shows_one_column_per_backend(tmp_path: Path) -> None:
                          ("FID pytorch-fid", "12.5 [11.5, 13.5]")):
         for text in (markdown, console):
             assert f" {header} " in text and cell in text
+
+
+def test_local_weights_are_read_from_the_folder(tmp_path: Path) -> None:
+    """The packages' own loader call (``load_state_dict_from_url(FID_WEIGHTS_URL)``) reads the local file."""
+    torch.save({"w": torch.ones(2)}, tmp_path / fid_backends.PT_INCEPTION_FILE)
+    original = pytorch_fid_inception.load_state_dict_from_url
+    with fid_backends._local_state_dict(pytorch_fid_inception, tmp_path):
+        state = pytorch_fid_inception.load_state_dict_from_url(pytorch_fid_inception.FID_WEIGHTS_URL, progress=True)
+    assert torch.equal(state["w"], torch.ones(2)) and pytorch_fid_inception.load_state_dict_from_url is original
+    assert pytorch_fid_inception.FID_WEIGHTS_URL == fid_backends.PT_INCEPTION_URL
+    assert cleanfid.inception_pytorch.FID_WEIGHTS_URL == fid_backends.PT_INCEPTION_URL
+    assert cleanfid.inception_torchscript.inception_url == fid_backends.TORCHSCRIPT_URL
