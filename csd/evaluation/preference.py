@@ -49,7 +49,8 @@ FETCH = {
 def require_weights(path: str | None, key: str) -> Path:
     """``path`` if it exists, else a one-line :class:`MissingWeightsError` naming ``key`` and the fetch command."""
     if path is None or not Path(path).expanduser().exists():
-        raise MissingWeightsError(f"{key}={path} not found: fetch it with `{FETCH[key]}` and set {key}=<path>")
+        what = f"{key} is not set" if path is None else f"{key}={path} not found"
+        raise MissingWeightsError(f"{what}: fetch it with `{FETCH[key]}` and set {key}=<path>")
     return Path(path).expanduser()
 
 
