@@ -77,6 +77,9 @@ SCHEMA: dict[str, Spec | ByTarget] = {
     "run_dir": Str(null="for a new run directory", blank=False),
     "sweep_dir": Str(null="", blank=False),
     "status.stale_min": Float(gt=0),
+    "published": MapOf(value=MapOf(value=MapOf(value=Fields(fields={
+        "step_compression": Float(gt=0, null="when not published"), "speedup": Float(gt=0, null="when not published"),
+        "fid": Float(min=0, null="when not published")}), what="method"), what="dataset"), what="model"),
     # stage=study (csd/study.py, docs/EVALUATION.md#matched-compression-study)
     "study.rules": MapOf(
         value=Fields(fields={"method": Group(group="method", options=choices), "knob": Str(), "lo": Float(min=0),

@@ -77,7 +77,8 @@ def blip_vqa(model: str, device: torch.device) -> Vqa:
 def check_vqa(model: str | None) -> None:
     """The one-line :class:`MissingWeightsError` of a VQA model folder that is not there."""
     if model is None or not Path(model).expanduser().exists():
-        raise MissingWeightsError(f"eval.dpg.model={model} not found: fetch a VQA model, e.g. `hf download "
+        what = "eval.dpg.model is not set" if model is None else f"eval.dpg.model={model} not found"
+        raise MissingWeightsError(f"{what}: fetch a VQA model, e.g. `hf download "
                                   "Salesforce/blip-vqa-base --local-dir <dir>`, and set eval.dpg.model=<dir>")
 
 
