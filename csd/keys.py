@@ -77,6 +77,9 @@ SCHEMA: dict[str, Spec | ByTarget] = {
     "run_dir": Str(null="for a new run directory", blank=False),
     "sweep_dir": Str(null="", blank=False),
     "status.stale_min": Float(gt=0),
+    "published": MapOf(value=MapOf(value=MapOf(value=Fields(fields={
+        "step_compression": Float(gt=0, null="when not published"), "speedup": Float(gt=0, null="when not published"),
+        "fid": Float(min=0, null="when not published")}), what="method"), what="dataset"), what="model"),
     # stage=study (csd/study.py, docs/EVALUATION.md#matched-compression-study)
     "study.rules": MapOf(
         value=Fields(fields={"method": Group(group="method", options=choices), "knob": Str(), "lo": Float(min=0),
@@ -150,6 +153,9 @@ SCHEMA: dict[str, Spec | ByTarget] = {
     "dataset.num_shards": Int(min=1),
     "dataset.shard": Int(min=0),
     "dataset.caption_rule": Choice(options=CAPTION_RULES),
+    "dataset.tsv": Str(blank=False),
+    "dataset.csv_file": Str(blank=False),
+    "dataset.sample_seed": Int(min=0),
     # conf/engine/*.yaml
     "engine.compile": Bool(),
     "engine.compile_backend": Choice(options=COMPILE_BACKENDS),
@@ -202,6 +208,15 @@ SCHEMA: dict[str, Spec | ByTarget] = {
     "eval.geneval.counting_threshold": Float(min=0, max=1),
     "eval.geneval.max_objects": Int(min=1),
     "eval.geneval.position_threshold": Float(min=0),
+    "eval.hpsv2.weights": Str(null="until given (metric hpsv2 stops with the fetch command)", blank=False),
+    "eval.image_reward.weights": Str(null="until given (metric image_reward stops with the fetch command)", blank=False),
+    "eval.image_reward.tokenizer": Str(null="until given (metric image_reward stops with the fetch command)", blank=False),
+    "eval.inception_score.splits": Int(min=1),
+    "eval.inception_score.inception_weights": Str(null="for the torch hub cache", blank=False),
+    "eval.precision_recall.k": Int(min=1),
+    "eval.precision_recall.inception_weights": Str(null="for the torch hub cache", blank=False),
+    "eval.dpg.vqa": Str(),
+    "eval.dpg.model": Str(null="until given (metric dpg stops with the fetch command)", blank=False),
     # conf/logger/*.yaml
     "logger.name": Group(group="logger", options=choices),
     "logger.mode": Choice(options=("offline", "online", "disabled")),

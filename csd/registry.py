@@ -24,6 +24,11 @@ METRICS: dict[str, str] = {
     "scene": "csd.evaluation.metrics:scene_metric",
     "regions": "csd.evaluation.metrics:regions_metric",
     "geneval": "csd.evaluation.geneval_score:geneval_metric",
+    "hpsv2": "csd.evaluation.preference:hpsv2_metric",
+    "image_reward": "csd.evaluation.preference:image_reward_metric",
+    "inception_score": "csd.evaluation.inception_metrics:inception_score_metric",
+    "precision_recall": "csd.evaluation.precision_recall:precision_recall_metric",
+    "dpg": "csd.evaluation.dpg_score:dpg_metric",
 }
 
 #: image step name -> whether it takes a size (``name:<px>``); the steps themselves: ``csd.evaluation.images.STEPS``

@@ -107,6 +107,10 @@ def mean_of_means(names: Sequence[str]) -> Estimand:
 #: metrics.json name -> estimand over the per-image columns of csd.evaluation.metrics
 FIXED_ESTIMANDS: dict[str, tuple[tuple[str, ...], Estimand]] = {
     "clip_score": (("clip_score",), mean_of("clip_score")),
+    "hpsv2": (("hpsv2",), mean_of("hpsv2")),
+    "image_reward": (("image_reward",), mean_of("image_reward")),
+    "precision": (("in_reference_manifold",), mean_of("in_reference_manifold")),
+    "dpg_score": (("dpg_score",), mean_of("dpg_score")),
     "step_compression": (("step_compression",), mean_of("step_compression")),
     "nfe_mean": (("nfe",), mean_of("nfe")),
     "latency_mean": (("latency_s",), mean_of("latency_s")),

@@ -28,10 +28,13 @@ from csd.evaluation.clip_score import (
     load_open_clip,
 )
 from csd.evaluation.context import EvalContext, MetricOutput, NotApplicable
+from csd.evaluation.dpg_score import check_vqa
 from csd.evaluation.fid import generated_fid, inception_fid, load_reference, load_reference_stats, module_fid
 from csd.evaluation.fid_interval import FeatureRecorder, fid_interval, jackknife_interval
 from csd.evaluation.geneval_score import check_geneval_files
 from csd.evaluation.images import Preprocess, file_batches, list_images
+from csd.evaluation.inception_metrics import check_inception_files
+from csd.evaluation.preference import check_preference_files
 
 log = logging.getLogger(__name__)
 #: the dataset loader whose runs have a ``dataset.caption_rule``
@@ -245,6 +248,8 @@ def regions_metric(ctx: EvalContext) -> MetricOutput:
 
 #: the dataset loader of GenEval runs (the only runs the geneval metric applies to)
 GENEVAL_LOADER = "csd.data.geneval.geneval_prompts"
+#: the dataset loader of DPG-Bench runs (the only runs the dpg metric applies to)
+DPG_LOADER = "csd.data.dpg.dpg_prompts"
 
 
 def _check_fid_weights(eval_cfg: DictConfig, backends: list[str]) -> None:
@@ -258,7 +263,7 @@ def check_files(names: Sequence[str], eval_cfg: DictConfig, run_config: DictConf
     """``eval.strict`` before a run is generated (or evaluated): raise the :class:`MissingWeightsError` or
     :class:`MissingDataError` that a metric of ``names`` would raise for a real (non-toy) model's run of
     ``run_config``: CLIP weights, FID's reference folder and Inception weights (loaded, as the metric loads them),
-    GenEval's detector and colour CLIP. Files only the records name (FID's paired reference images) are checked
+    GenEval's detector and colour CLIP, the preference scores' weights and named Inception weights files. Files only the records name (FID's paired reference images) are checked
     when the metric runs; a metric that does not apply (no FID reference set) is skipped then, as always."""
     if "clip_score" in names:
         c = eval_cfg.clip
@@ -277,3 +282,7 @@ def check_files(names: Sequence[str], eval_cfg: DictConfig, run_config: DictConf
     if "geneval" in names and OmegaConf.select(run_config, "dataset._target_") == GENEVAL_LOADER:
         g = eval_cfg.geneval
         check_geneval_files(g.detector, g.clip_model, g.clip_pretrained)
+    if "dpg" in names and OmegaConf.select(run_config, "dataset._target_") == DPG_LOADER:
+        check_vqa(eval_cfg.dpg.model)
+    check_preference_files(names, eval_cfg)
+    check_inception_files(names, eval_cfg)

@@ -13,6 +13,7 @@ from csd.report.collect import DEFAULT_RESAMPLES, find_run_dirs, load_run, resul
 from csd.report.content_plots import entropy_figure, heatmap_figure, regions_figure, save
 from csd.report.html import DEFAULT_PROMPTS, write_html
 from csd.report.pareto import PARETO_Y, plot_pareto
+from csd.report.published import write_published
 from csd.report.table import paper_order, write_tables
 
 log = logging.getLogger(__name__)
@@ -36,7 +37,8 @@ def build_report(run_dirs_or_sweep_dir: Path | list[Path], cfg: DictConfig) -> P
 
     Reads each run's ``metrics.json`` and ``per_image.jsonl``, and its records to check that the metrics still
     describe them (runs not evaluated, with a broken file or with stale metrics are skipped with a warning),
-    plus the runs listed in ``eval.report.extra_runs`` (e.g. an AR baseline); paired comparisons with the AR run
+    plus the runs listed in ``eval.report.extra_runs`` (e.g. an AR baseline); a ``published`` block (a paper's numbers,
+    :mod:`csd.report.published`) gives ``published_<model>_<dataset>`` tables beside ours; paired comparisons with the AR run
     use ``eval.bootstrap`` prompt resamples. Returns the report directory.
     """
     extra = [Path(p) for p in OmegaConf.select(cfg, "eval.report.extra_runs", default=None) or []]
@@ -55,6 +57,8 @@ def build_report(run_dirs_or_sweep_dir: Path | list[Path], cfg: DictConfig) -> P
     df = results_frame(results, OmegaConf.select(cfg, "eval.bootstrap", default=DEFAULT_RESAMPLES))
     df.to_csv(out / "runs.csv", index=False)
     sections = [p.read_text(encoding="utf-8") for p in write_tables(df, out)]
+    published = OmegaConf.to_container(OmegaConf.select(cfg, "published", default=None) or OmegaConf.create({}))
+    sections += [p.read_text(encoding="utf-8") for p in write_published(df, published, out)]
     xs = list(OmegaConf.select(cfg, "eval.report.pareto_x", default=["speedup", "step_compression"]))
     ys = list(OmegaConf.select(cfg, "eval.report.pareto_y", default=PARETO_Y))
     model_figures = {}

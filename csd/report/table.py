@@ -21,6 +21,7 @@ log = logging.getLogger(__name__)
 NOTE_WIDTH = 110
 METHOD_ORDER = (
     "ar", "sjd", "sjd_l32", "mcsjd", "sjd_pac", "gsd", "gsd_g25", "addition", "amplify", "amplify_k4", "lantern",
+    "lantern_pp", "eagle_sd",
     "entropy_sjd", "cool_sd", "csd", "csd_mc", "csd_pac",
 )
 #: frame column -> table header (columns a sweep did not measure are dropped); ``d_*`` = paired difference vs AR

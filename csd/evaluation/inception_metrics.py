@@ -1,0 +1,171 @@
+"""Inception score and k-NN precision / recall on Inception-v3 features (docs/EVALUATION.md, "Inception score",
+"Precision and recall").
+
+- **Inception score** (Salimans et al. 2016, arXiv 1606.03498): ``IS = exp(E_x KL(p(y|x) || p(y)))`` with
+  ``p(y)`` the mean of ``p(y|x)`` over the images; as published, the images are cut into ``splits`` parts (10) and
+  the mean and standard deviation of the parts' scores are reported. With ``H`` the entropy,
+  ``E_x KL(p(y|x) || p(y)) = H(p(y)) - E_x H(p(y|x))``, so a part's score needs only its marginal and mean entropy.
+- **Precision / recall** (Kynkäänniemi et al. 2019, arXiv 1904.06991): each set's manifold is the union of balls
+  around its feature vectors, of radius the distance to the ``k``-th nearest neighbour inside the set (k = 3, as
+  LANTERN reports them through ADM's evaluator, ``openai/guided-diffusion/evaluations``); precision = the fraction
+  of generated images inside the reference manifold, recall = the fraction of reference images inside the
+  generated one.
+
+The network is torch-fidelity's Inception-v3 (torchmetrics' ``NoTrainInceptionV3``, the FID network): 1008
+``logits_unbiased`` for the class law, the 2048 pool features for the manifolds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from urllib.error import URLError
+
+import numpy as np
+import torch
+from torch import nn
+
+from csd.errors import MissingWeightsError
+from csd.evaluation.context import EvalContext, MetricOutput, NotApplicable
+from csd.evaluation.images import Preprocess, file_batches
+from csd.evaluation.intervals import SEED, Resamples, percentile_interval
+
+INCEPTION_FILE = "weights-inception-2015-12-05-6726825d.pth"
+#: features of one uint8 ``[B, 3, H, W]`` batch -> ``[B, D]``
+Features = Callable[[torch.Tensor], torch.Tensor]
+
+
+def inception_network(output: str, weights: str | None, key: str) -> nn.Module:
+    """torch-fidelity's Inception-v3 returning ``output`` (``logits_unbiased`` or ``2048``); ``weights``: the local
+    weights file (``key``), null for the torch hub cache. A missing file is one line, before anything loads."""
+    if weights is not None and not Path(weights).expanduser().is_file():
+        raise MissingWeightsError(f"Inception weights not found at '{weights}' ({key}): copy {INCEPTION_FILE} there")
+    from torchmetrics.image.fid import NoTrainInceptionV3
+
+    try:
+        return NoTrainInceptionV3(name="inception-v3-compat", features_list=[output],
+                                  feature_extractor_weights_path=None if weights is None else str(Path(weights).expanduser()))
+    except (URLError, OSError) as err:
+        raise MissingWeightsError(f"Inception weights ({INCEPTION_FILE}) are not available offline; set "
+                                  f"{key}=/path/to/{INCEPTION_FILE}") from err
+
+
+def check_inception_files(names: Sequence[str], eval_cfg: object) -> None:
+    """The one-line :class:`MissingWeightsError` of a named but missing Inception weights file of the metrics
+    ``names`` (``inception_score``, ``precision_recall``), loading nothing."""
+    for name in ("inception_score", "precision_recall"):
+        weights = getattr(eval_cfg, name).inception_weights if name in names else None
+        if weights is not None and not Path(weights).expanduser().is_file():
+            raise MissingWeightsError(f"Inception weights not found at '{weights}' (eval.{name}.inception_weights): "
+                                      f"copy {INCEPTION_FILE} there")
+
+
+@torch.no_grad()
+def extract(features: Features, batches: Iterable[torch.Tensor], device: torch.device) -> np.ndarray:
+    """``[N, D]`` float64 features of every batch."""
+    out = [features(b.to(device)).double().cpu() for b in batches]
+    return torch.cat(out).numpy() if out else np.zeros((0, 0))
+
+
+# ------------------------------------------------------------------------------------------- Inception score
+
+
+def _entropy(p: np.ndarray) -> np.ndarray:
+    """``-sum p log p`` along the last axis (0 log 0 = 0)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return -np.where(p > 0, p * np.log(p), 0.0).sum(-1)
+
+
+def image_kl(probs: np.ndarray) -> np.ndarray:
+    """``[N]``: ``KL(p(y|x_i) || p(y))`` with ``p(y)`` the mean of the rows of ``probs`` ``[N, C]``;
+    ``exp(mean)`` is the one-part Inception score."""
+    marginal = probs.mean(0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(probs > 0, probs * (np.log(probs) - np.log(marginal)), 0.0).sum(-1)
+
+
+def inception_score(probs: np.ndarray, splits: int) -> tuple[float, float]:
+    """Mean and standard deviation (ddof 0, as torch-fidelity; torchmetrics uses ddof 1) over ``splits``
+    contiguous parts of ``exp(H(p_part(y)) - mean H(p(y|x)))``."""
+    scores = [float(np.exp(_entropy(part.mean(0)) - _entropy(part).mean()))
+              for part in np.array_split(probs, splits) if len(part)]
+    return float(np.mean(scores)), float(np.std(scores))
+
+
+def inception_score_interval(probs: np.ndarray, prompt_ids: Sequence[str], splits: int, n_boot: int,
+                             seed: int = SEED) -> list[float] | None:
+    """95 % percentile interval of :func:`inception_score`'s mean over prompt resamples (every image of a drawn
+    prompt, ``csd.evaluation.intervals``), each resample's images in a seeded random order before the split."""
+    if n_boot == 0:
+        return None
+    res = Resamples.draw(prompt_ids, n_boot, seed)
+    members = [np.flatnonzero(res.index == c) for c in range(res.counts.shape[1])]
+    rng, draws = np.random.default_rng(seed), []
+    for counts in res.counts:
+        idx = np.concatenate([np.tile(members[c], int(n)) for c, n in enumerate(counts) if n])
+        draws.append(inception_score(probs[rng.permutation(idx)], splits)[0])
+    return percentile_interval(np.asarray(draws))
+
+
+# ------------------------------------------------------------------------------------------- precision / recall
+
+
+def pairwise(a: np.ndarray, b: np.ndarray, block: int = 4096) -> np.ndarray:
+    """``[len(a), len(b)]`` Euclidean distances, in row blocks."""
+    ta, tb = torch.from_numpy(a), torch.from_numpy(b)
+    return torch.cat([torch.cdist(ta[i:i + block], tb) for i in range(0, len(a), block)]).numpy()
+
+
+def knn_radii(features: np.ndarray, k: int) -> np.ndarray:
+    """Distance of each row to its ``k``-th nearest other row (the row itself, at 0, is neighbour 0)."""
+    if len(features) <= k:
+        raise ValueError(f"k-NN radii need more than k={k} images, got {len(features)}")
+    return np.partition(pairwise(features, features), k, axis=1)[:, k]
+
+
+def coverage(points: np.ndarray, centres: np.ndarray, radii: np.ndarray) -> np.ndarray:
+    """``[len(points), len(centres)]``: point ``i`` lies in the ball of centre ``j`` (``d <= r_j``)."""
+    return pairwise(points, centres) <= radii[None, :]
+
+
+def precision_recall(generated: np.ndarray, reference: np.ndarray, k: int = 3) -> tuple[np.ndarray, np.ndarray]:
+    """Per generated image: inside the reference manifold (precision = mean); ``[N_ref, N_gen]`` coverage of each
+    reference image by each generated image's ball (recall = mean over reference images of any)."""
+    in_reference = coverage(generated, reference, knn_radii(reference, k)).any(1)
+    return in_reference, coverage(reference, generated, knn_radii(generated, k))
+
+
+def recall_interval(covered_by: np.ndarray, prompt_ids: Sequence[str], n_boot: int, seed: int = SEED) -> list[float] | None:
+    """95 % interval of recall over prompt resamples of the generated set: a reference image is recalled when a drawn
+    image's ball covers it (the radii stay those of the full generated set, so only the drawn balls change)."""
+    if n_boot == 0:
+        return None
+    res = Resamples.draw(prompt_ids, n_boot, seed)
+    by_prompt = np.zeros((covered_by.shape[0], res.counts.shape[1]))
+    np.add.at(by_prompt.T, res.index, covered_by.T.astype(float))  # [N_ref, prompts]: covering images of the prompt
+    return percentile_interval(((by_prompt @ res.counts.T) > 0).mean(0))
+
+
+# ------------------------------------------------------------------------------------------- metrics
+
+
+def generated_features(ctx: EvalContext, network: nn.Module) -> np.ndarray:
+    pre = Preprocess(ctx.eval.fid.transforms)
+    return extract(network.to(ctx.device), file_batches(ctx.images, pre, ctx.eval.batch_size), ctx.device)
+
+
+def inception_score_metric(ctx: EvalContext) -> MetricOutput:
+    """``inception_score`` (mean over ``eval.inception_score.splits`` parts), ``inception_score_std``; per image
+    ``is_kl`` = KL(p(y|x) || p(y)) against the whole run's marginal; the interval: prompt resamples."""
+    s = ctx.eval.inception_score
+    if len(ctx.records) < s.splits:
+        raise NotApplicable(f"the Inception score needs at least eval.inception_score.splits={s.splits} images")
+    logits = generated_features(ctx, inception_network("logits_unbiased", s.inception_weights,
+                                                        "eval.inception_score.inception_weights"))
+    probs = torch.from_numpy(logits).softmax(-1).numpy()
+    mean, std = inception_score(probs, s.splits)
+    interval = inception_score_interval(probs, [r["prompt_id"] for r in ctx.records], s.splits, ctx.eval.bootstrap)
+    protocol = {"inception_score": {"features": "inception-v3-torch-fidelity/logits_unbiased", "splits": s.splits,
+                                    "transforms": Preprocess(ctx.eval.fid.transforms).describe()}}
+    return MetricOutput({"inception_score": mean, "inception_score_std": std}, {"is_kl": image_kl(probs).tolist()},
+                        protocol, intervals={"inception_score": interval} if interval else {})
