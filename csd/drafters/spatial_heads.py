@@ -75,7 +75,18 @@ class SpatialHeads(nn.Module):
         self.gate = nn.Parameter(torch.randn(k, f, d) * d ** -0.5)   # [K, F, D]
         self.up = nn.Parameter(torch.randn(k, f, d) * d ** -0.5)     # [K, F, D]
         self.down = nn.Parameter(torch.zeros(k, d, f))               # [K, D, F]
-        self.embed, self.readout = embed, readout
+        # the target's modules, frozen: kept out of the heads' parameters and state dict
+        self._frozen: dict[str, Callable[[torch.Tensor], torch.Tensor] | None] = {"embed": embed, "readout": readout}
+
+    @property
+    def embed(self) -> Callable[[torch.Tensor], torch.Tensor] | None:
+        """The target's input embedding: token ids ``[...]`` -> ``[..., D]``."""
+        return self._frozen["embed"]
+
+    @property
+    def readout(self) -> Callable[[torch.Tensor], torch.Tensor] | None:
+        """The target's output head: features ``[..., D]`` -> logits ``[..., V]``."""
+        return self._frozen["readout"]
 
     def config(self) -> dict[str, Any]:
         """The sizes :func:`save_spatial_heads` stores (the constructor's arguments)."""
@@ -84,7 +95,7 @@ class SpatialHeads(nn.Module):
 
     def attach(self, adapter: ModelAdapter) -> SpatialHeads:
         """Read tokens and laws through ``adapter``'s frozen embedding and output head; returns ``self``."""
-        self.embed, self.readout = adapter.embed, adapter.head
+        self._frozen.update(embed=adapter.embed, readout=adapter.head)
         return self
 
     def predict(self, feature: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
