@@ -95,3 +95,12 @@ def test_blocks_cost_r_plus_one_forwards_and_tokens_do_not_depend_on_the_batch(t
         stats = out[1][key].stats
         assert stats["drafts_proposed"] == 255 and stats["drafts_verified"] == rounds * 255
         assert stats["drafts_accepted"] <= stats["drafts_verified"]
+
+
+def test_the_toy_ships_heads_that_load_and_decode():
+    """``drafter.heads=null`` on the toy: csd/toy/assets/spatial_heads.pt (k_h = 5, k_v = 2, under 5 MB) decodes."""
+    adapter = load_toy_adapter()
+    assert adapter.spatial_heads.stat().st_size <= 5_000_000
+    assert load_spatial_heads(adapter.spatial_heads, adapter).offsets == (1, 2, 3, 4, 5, 16, 32)
+    engine = JacobiEngine(adapter, SJD(), SSDDrafter(k_v=1, rounds=0))
+    assert engine.generate("a red circle", seed=0).nfe == 1 + 3 + 15
