@@ -45,6 +45,12 @@ STAGES = ("generate", "evaluate", "report", "status", "study", "plan", "decode",
 INIT_SCHEMES = ("random", "repeat_left")
 COUPLINGS = ("none", "maximal", "gumbel")
 DRAFT_RECORDS = ("onehot", "uniform")
+#: SSD (``drafter=ssd``, arXiv 2606.20543): horizontal heads ``k_h`` (cells +1 .. +k_h of the row), vertical heads
+#: ``k_v`` (rows drafted at once below a complete row; 0: horizontal only) and correction rounds ``r`` before a block
+#: is committed (0: committed unverified)
+SSD_HORIZONTAL_HEADS = (1, 2, 3, 4, 5, 6, 7, 8)
+SSD_VERTICAL_HEADS = (0, 1, 2)
+SSD_ROUNDS = (0, 1, 2)
 
 
 #: what null means for a key every method carries but only some use (method_keys.yaml)

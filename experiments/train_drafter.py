@@ -1,4 +1,5 @@
-"""Train an EAGLE draft head (``drafter=eagle``) for a target model: docs/DRAFT_HEADS.md, "Training a head".
+"""Train an EAGLE draft head (``drafter=eagle``) or SSD's spatial heads (``--kind spatial``, ``drafter=ssd``) for a
+target model: docs/DRAFT_HEADS.md, "Training a head" and "SSD spatial heads".
 
 Usage, from the repository root (run-config overrides choose the model preset and the prompts; the last
 ``--val-prompts`` prompts are held out for validation)::
@@ -17,6 +18,15 @@ Usage, from the repository root (run-config overrides choose the model preset an
    uninterrupted one.
 3. validate: ``method=sjd drafter=eagle`` on the held-out prompts; the mean accepted length is the tokens committed
    per target forward (step compression), before and after training.
+
+``--kind spatial`` (SSD, arXiv 2606.20543; ``csd.drafters.spatial_heads``): the same samples (every sample drawn with
+its own seed), then each of the ``k_h + k_v`` heads regresses, with SmoothL1, the target's feature at its offset from
+every cell's (feature, token) pair (horizontal heads within the row); validation decodes the held-out prompts with
+``drafter=ssd`` at ``r = 0`` and ``r = 1`` and reports the first round's acceptance rate and the step compression,
+before and after training::
+
+    HF_HUB_OFFLINE=1 python -m experiments.train_drafter --kind spatial model=toy dataset=toy dataset.split=train \\
+        dataset.n_prompts=136 --samples-per-prompt 4 --k-h 5 --k-v 2 --ffn 128 --out csd/toy/assets/spatial_heads.pt
 """
 
 from __future__ import annotations
@@ -30,6 +40,7 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +56,9 @@ from csd.compose import build_adapter, load_prompts
 from csd.device import resolve_device
 from csd.drafters.chain import ChainDrafter
 from csd.drafters.eagle import EagleDrafter, EagleHead, head_config, load_head, save_head
+from csd.drafters.spatial import RowGrid
+from csd.drafters.spatial_heads import SpatialHeads, load_spatial_heads, save_spatial_heads
+from csd.drafters.ssd import SSDDrafter
 from csd.engine import JacobiEngine
 from csd.presets import CONF_DIR
 from csd.prompts import Prompt
@@ -52,11 +66,16 @@ from csd.ragged import reference_features
 from csd.slot import Request
 from csd.validate import validate
 
+#: a training step's loss of ``(ids, features, noise)`` and its logged values
+LossFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, dict[str, float]]]
+
 
 def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser = argparse.ArgumentParser(prog="python -m experiments.train_drafter",
                                      description=__doc__.split("\n")[0])
     parser.add_argument("overrides", nargs="*", help="run-config overrides: model=..., dataset=..., dataset.n_prompts=...")
+    parser.add_argument("--kind", choices=("eagle", "spatial"), default="eagle",
+                        help="eagle: an EAGLE head (drafter=eagle); spatial: SSD's spatial heads (drafter=ssd)")
     parser.add_argument("--out", type=Path, required=True, help="the trained head's file")
     parser.add_argument("--checkpoint", type=Path, default=None, help="checkpoint directory (default: <out>.ckpt)")
     parser.add_argument("--samples-per-prompt", type=int, default=1, help="AR samples of each training prompt")
@@ -69,6 +88,9 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--window", type=int, default=5, help="drafter.window of the validation decode")
     parser.add_argument("--save-every", type=int, default=200)
     parser.add_argument("--decode-batch", type=int, default=16, help="images in flight when sampling / validating")
+    parser.add_argument("--k-h", type=int, default=5, help="--kind spatial: horizontal heads (+1 .. +k_h)")
+    parser.add_argument("--k-v", type=int, default=2, help="--kind spatial: vertical heads (+W .. +k_v W)")
+    parser.add_argument("--ffn", type=int, default=None, help="--kind spatial: SwiGLU width (default: the hidden size)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=None)
     args = parser.parse_args(argv)
@@ -89,9 +111,11 @@ def run_config(overrides: list[str]) -> DictConfig:
 @torch.no_grad()
 def collect(adapter: ModelAdapter, prompts: list[Prompt], samples: int, seed: int, batch: int) -> dict[str, torch.Tensor]:
     """AR samples of ``prompts``: body ids ``[S, N]`` and the target's features ``[S, rows, N + 1, D]`` (column 0 the
-    prompt's last token's, column ``j`` the body token ``j - 1``'s)."""
+    prompt's last token's, column ``j`` the body token ``j - 1``'s). Sample ``k`` is drawn with seed ``seed + k``: no
+    two samples share a seed."""
     engine = JacobiEngine(adapter, SJD(), ChainDrafter(window=1), batch_size=batch)
-    requests = [Request(p.text, seed + s, key=i * samples + s) for i, p in enumerate(prompts) for s in range(samples)]
+    requests = [Request(p.text, seed + i * samples + s, key=i * samples + s) for i, p in enumerate(prompts)
+                for s in range(samples)]
     ids, features = [None] * len(requests), [None] * len(requests)
     for request, gen in tqdm(engine.generate_many(requests), total=len(requests), desc="AR samples"):
         ids[request.key] = gen.tokens.to(adapter.device)
@@ -135,9 +159,10 @@ def batch_at(step: int, data: dict[str, torch.Tensor], size: int, noise: float, 
     return data["ids"][pick // rows].to(device), features.to(**cast), jitter.to(**cast)
 
 
-def train(net: EagleHead, adapter: ModelAdapter, data: dict[str, torch.Tensor], args: argparse.Namespace,
-          ckpt: Path) -> list[dict[str, float]]:
-    """Train ``net`` to ``args.steps``, resuming from ``ckpt/state.pt``; returns the per-step losses (all steps)."""
+def train(net: torch.nn.Module, adapter: ModelAdapter, data: dict[str, torch.Tensor], args: argparse.Namespace,
+          ckpt: Path, loss_fn: LossFn | None = None) -> list[dict[str, float]]:
+    """Train ``net`` to ``args.steps``, resuming from ``ckpt/state.pt``; returns the per-step losses (all steps).
+    ``loss_fn(ids, features, noise)``: the step's loss and logged values (default: EAGLE's :func:`losses`)."""
     optimiser = torch.optim.AdamW(net.parameters(), lr=args.lr, betas=(0.9, 0.95))
     state_file, step, log = ckpt / "state.pt", 0, []
     if state_file.exists():
@@ -156,7 +181,10 @@ def train(net: EagleHead, adapter: ModelAdapter, data: dict[str, torch.Tensor], 
         with tqdm(total=args.steps, initial=step, desc="train") as bar:
             while step < args.steps:
                 ids, features, noise = batch_at(step, data, args.batch, args.noise, args.seed, adapter.device, dtype)
-                loss, values = losses(net, adapter, ids, features, noise, args.token_weight)
+                if loss_fn is None:
+                    loss, values = losses(net, adapter, ids, features, noise, args.token_weight)
+                else:
+                    loss, values = loss_fn(ids, features, noise)
                 optimiser.zero_grad()
                 loss.backward(inputs=list(net.parameters()))  # the target's head stays frozen
                 torch.nn.utils.clip_grad_value_(net.parameters(), 0.5)
@@ -181,6 +209,82 @@ def accepted_length(adapter: ModelAdapter, head: Path, prompts: list[Prompt], wi
     return sum(g.tokens.numel() for g in gens) / sum(g.nfe for g in gens)
 
 
+def spatial_pairs(adapter: ModelAdapter, offsets: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The training pairs of spatial heads on ``adapter``'s grid: every cell's body position ``[C]``, the body position
+    of the cell at each head's offset ``[C, K]`` (clamped) and whether it exists ``[C, K]`` (a horizontal offset stays
+    in the cell's row, a vertical one in the grid)."""
+    grid = RowGrid(adapter.layout)
+    cells = [p for row in grid.cells for p in row]
+    count = len(cells)
+    index = torch.zeros((count, len(offsets)), dtype=torch.long)
+    valid = torch.zeros((count, len(offsets)), dtype=torch.bool)
+    for c in range(count):
+        for k, o in enumerate(offsets):
+            same_row = o >= grid.width or c % grid.width + o < grid.width
+            valid[c, k] = c + o < count and same_row
+            index[c, k] = cells[min(c + o, count - 1)]
+    return torch.tensor(cells), index, valid
+
+
+def spatial_losses(net: SpatialHeads, adapter: ModelAdapter, pairs: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+                   ids: torch.Tensor, features: torch.Tensor, noise: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+    """SSD's loss on sequences ``ids [B, N]``, ``features [B, N + 1, D]`` (column ``p``: the feature whose logits gave
+    the law of body position ``p``): from every cell ``s``'s ``(h_s + noise, e(x_s))`` head ``k`` predicts
+    ``h_{s + o_k}``; SmoothL1 over the valid pairs (:func:`spatial_pairs`). ``top1``: how often the predicted
+    feature's argmax code is the target feature's, on the first sequence (the target's head, frozen)."""
+    cells, index, valid = (t.to(features.device) for t in pairs)
+    with torch.no_grad():
+        embedded = adapter.embed(ids[:, cells]).to(features.dtype)
+        target = features[:, index]                                            # [B, C, K, D]
+    predicted = net.predict_embedded(features[:, cells] + noise[:, cells], embedded)
+    per_pair = F.smooth_l1_loss(predicted.float(), target.float(), reduction="none").mean(-1)
+    loss = per_pair[:, valid].mean()
+    with torch.no_grad():
+        agree = (image_logits(adapter, predicted[0][valid]).argmax(-1) == image_logits(adapter, target[0][valid]).argmax(-1))
+    return loss, {"loss": loss.item(), "top1": agree.float().mean().item()}
+
+
+@torch.no_grad()
+def spatial_validation(adapter: ModelAdapter, heads: Path, prompts: list[Prompt], k_h: int, k_v: int,
+                       batch: int) -> dict[str, float]:
+    """``method=sjd drafter=ssd`` with ``heads`` on ``prompts`` (prompt ``i``: seed ``10_000 + i``): the acceptance rate
+    of the drafts' one correction round (``r = 1``) and the step compression at ``r = 0`` and ``r = 1``."""
+    out = {}
+    for rounds in (0, 1):
+        drafter = SSDDrafter(k_h=k_h, k_v=min(k_v, 2), rounds=rounds, heads=str(heads))
+        engine = JacobiEngine(adapter, SJD(), drafter, batch_size=batch)
+        gens = [g for _, g in engine.generate_many([Request(p.text, 10_000 + i) for i, p in enumerate(prompts)])]
+        out[f"compression_r{rounds}"] = sum(g.tokens.numel() for g in gens) / sum(g.nfe for g in gens)
+        if rounds == 1:
+            out["acceptance_r1"] = (sum(g.stats["drafts_accepted"] for g in gens)
+                                    / max(sum(g.stats["drafts_verified"] for g in gens), 1))
+    return out
+
+
+def main_spatial(args: argparse.Namespace, cfg: DictConfig, adapter: ModelAdapter, data: dict[str, torch.Tensor],
+                 ckpt: Path, meta: dict[str, Any], val_prompts: list[Prompt], start: float) -> dict[str, Any]:
+    """``--kind spatial``: train, save and validate SSD's spatial heads (module docstring)."""
+    torch.manual_seed(args.seed)
+    width = adapter.decoder().config.hidden_size
+    net = SpatialHeads(width, adapter.layout.grid[1], args.k_h, args.k_v, args.ffn).to(adapter.device)
+    meta = {**meta, "kind": "spatial", "offsets": list(net.offsets)}
+    untrained = ckpt / "untrained.pt"
+    save_spatial_heads(net, untrained, meta)
+    pairs = spatial_pairs(adapter, net.offsets)
+    log = train(net, adapter, data, args, ckpt,
+                lambda ids, features, noise: spatial_losses(net, adapter, pairs, ids, features, noise))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    save_spatial_heads(net, args.out, meta)
+    load_spatial_heads(args.out, adapter)  # the shipped file loads
+    before = spatial_validation(adapter, untrained, val_prompts, args.k_h, args.k_v, args.decode_batch)
+    after = spatial_validation(adapter, args.out, val_prompts, args.k_h, args.k_v, args.decode_batch)
+    report = {**meta, "seconds": round(time.perf_counter() - start, 1), "first_loss": log[0]["loss"],
+              "last_loss": log[-1]["loss"], "last_top1": log[-1]["top1"], "bytes": args.out.stat().st_size,
+              **{f"val_{k}_untrained": v for k, v in before.items()}, **{f"val_{k}": v for k, v in after.items()}}
+    print(json.dumps(report, indent=1), flush=True)
+    return report
+
+
 def main(argv: list[str]) -> dict[str, Any]:
     args, overrides = parse(argv)
     if args.threads:
@@ -200,10 +304,12 @@ def main(argv: list[str]) -> dict[str, Any]:
     else:
         data = collect(adapter, train_prompts, args.samples_per_prompt, args.seed, args.decode_batch)
         torch.save(data, data_file)
-    torch.manual_seed(args.seed)
-    net = EagleHead(head_config(adapter.decoder().config)).to(adapter.device)  # fp32 weights, whatever the target's
     meta = {"model": cfg.model.name, "dataset": cfg.dataset.name, "train_prompts": len(train_prompts),
             "samples_per_prompt": args.samples_per_prompt, "steps": args.steps, "seed": args.seed}
+    if args.kind == "spatial":
+        return main_spatial(args, cfg, adapter, data, ckpt, meta, val_prompts, start)
+    torch.manual_seed(args.seed)
+    net = EagleHead(head_config(adapter.decoder().config)).to(adapter.device)  # fp32 weights, whatever the target's
     untrained = ckpt / "untrained.pt"
     save_head(net, untrained, meta)
     log = train(net, adapter, data, args, ckpt)

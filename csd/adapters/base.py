@@ -122,6 +122,8 @@ class ModelAdapter(ABC):
     compilable: bool = False
     #: the shipped EAGLE head file (``drafter=eagle``'s default ``drafter.head``), None: none shipped
     eagle_head: Path | None = None
+    #: the shipped SSD spatial heads file (``drafter=ssd``'s default ``drafter.heads``), None: none shipped
+    spatial_heads: Path | None = None
 
     #: the captions the model reads, for a message refusing another (None: any text; see :meth:`caption_problem`)
     reads: str | None = None
