@@ -45,6 +45,9 @@ STAGES = ("generate", "evaluate", "report", "status", "study", "plan", "decode",
 INIT_SCHEMES = ("random", "repeat_left")
 COUPLINGS = ("none", "maximal", "gumbel")
 DRAFT_RECORDS = ("onehot", "uniform")
+#: how ``drafter=hawk`` draws a cell's candidates from its spatial pool's laws (``csd.drafters.hawk``): sampled from
+#: the law (recorded with it), or its most likely codes (recorded one-hot); both lossless
+HAWK_DRAWS = ("sample", "top")
 
 
 #: what null means for a key every method carries but only some use (method_keys.yaml)
