@@ -40,6 +40,7 @@ an untrained spatial prior, the counterpart of the stale target laws SJD-PAC dra
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 import torch
@@ -145,6 +146,9 @@ class HawkDrafter(Drafter):
         problem = tree_problem(self.window, self.width, self.depth, "maximal", False)
         if problem is not None:
             raise ValueError(problem)
+        if self.heads is not None and not Path(self.heads).exists():
+            raise ValueError(f"drafter.heads={self.heads}: no such file; {HEADS_HINT}, or leave drafter.heads=null for "
+                             "the stand-in (the target's own law)")
 
     def problem(self, batch_size: int, compiled: bool) -> str | None:
         return "drafter=hawk (tree windows) runs eagerly: set engine.compile=false" if compiled else None
@@ -170,17 +174,22 @@ class HawkDrafter(Drafter):
         self.reach = self.tree.spine - 1  # the deepest depth
         self.node_depth = self.mask.depth
         self.node_branch = to_device([b[-1] if b else 0 for b in self.tree.branches], self.device)
+        self.pipeline = TargetPipeline.build(adapter.sampling, adapter.raw_image_columns)
         if self.heads is None:
             horizontal = tuple(range(1, min(self.reach, self.grid_width - 1) + 1))
-            self.net: SpatialHeadsLike = TargetLawHeads(adapter, horizontal + (self.grid_width, 2 * self.grid_width))
+            self.use_heads(TargetLawHeads(adapter, horizontal + (self.grid_width, 2 * self.grid_width)))
         else:
             from csd.drafters.spatial_heads import load_spatial_heads
 
-            self.net = load_spatial_heads(self.heads, adapter)
-        self.h_index, self.v_index = split_offsets(tuple(self.net.offsets), self.grid_width)
-        self.v_offsets = [self.net.offsets[k] for k in self.v_index]
+            self.use_heads(load_spatial_heads(self.heads, adapter))
+
+    def use_heads(self, net: SpatialHeadsLike) -> None:
+        """Draft with ``net`` (after :meth:`bind`; images started before keep their old state's shapes, so call it
+        between runs): its offsets split into horizontal and vertical ones, the vertical cache sized for the largest."""
+        self.net = net
+        self.h_index, self.v_index = split_offsets(tuple(net.offsets), self.grid_width)
+        self.v_offsets = [net.offsets[k] for k in self.v_index]
         self.ring_size = max(self.v_offsets, default=0) + 1
-        self.pipeline = TargetPipeline.build(adapter.sampling, adapter.raw_image_columns)
 
     def params(self) -> dict[str, object]:
         return {"drafter": self.name, **self.param_values()}
