@@ -1,4 +1,4 @@
-"""Hawk: spatial draft heads on a tree window (Chen et al., NeurIPS 2025, arXiv 2510.25739; docs/ALGORITHMS.md "Hawk").
+"""Hawk: spatial draft heads on a tree window (NeurIPS 2025, arXiv 2510.25739; docs/ALGORITHMS.md "Hawk").
 
 Heads (``SpatialHeadsLike``: ``csd.drafters.spatial_heads.SpatialHeads`` or the stand-in :class:`TargetLawHeads`)
 read a committed image cell's pair ``(f_s, x_s)``, ``f_s`` the target's last hidden state whose logits gave the law of
