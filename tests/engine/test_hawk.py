@@ -122,8 +122,9 @@ def test_cells_map_to_positions_with_and_without_eol():
 
 
 def test_pool_reads_the_vertical_law_of_the_cell_above():
-    """On Lumina's layout (end-of-line columns) the cached vertical law of a cell is the stand-in's law of the cell
-    above, which the target gave it: the target's law at that cell's body position."""
+    """On Lumina's layout (end-of-line columns) every cell below row 0 that a window drafts finds the vertical law
+    cached for it (from the cell above, ``W`` cells and ``W + 1`` body positions back) in its pool; the stand-in's
+    offsets end with ``W, 2W``."""
     adapter = rejecting_lumina()
     engine = engine_with(adapter, batch_size=1, window=7, width=2, depth=3)
     drafter, seen = engine.drafter, []
