@@ -51,6 +51,9 @@ DRAFT_RECORDS = ("onehot", "uniform")
 SSD_HORIZONTAL_HEADS = (1, 2, 3, 4, 5, 6, 7, 8)
 SSD_VERTICAL_HEADS = (0, 1, 2)
 SSD_ROUNDS = (0, 1, 2)
+#: how ``drafter=hawk`` draws a cell's candidates from its spatial pool's laws (``csd.drafters.hawk``): sampled from
+#: the law (recorded with it), or its most likely codes (recorded one-hot); both lossless
+HAWK_DRAWS = ("sample", "top")
 
 
 #: what null means for a key every method carries but only some use (method_keys.yaml)
