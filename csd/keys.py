@@ -44,6 +44,8 @@ STAGES = ("generate", "evaluate", "report", "status", "study", "plan", "decode",
 #: draft (one-hot on itself, or the uniform law it was drawn from)
 INIT_SCHEMES = ("random", "repeat_left")
 COUPLINGS = ("none", "maximal", "gumbel")
+#: ``drafter.skip`` (``drafter=eagle``, csd/drafters/skip.py): VVS's verification skipping, off or its two schedules
+SKIP_POLICIES = ("none", "uniform", "similarity")
 DRAFT_RECORDS = ("onehot", "uniform")
 
 

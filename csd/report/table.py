@@ -25,7 +25,8 @@ METHOD_ORDER = (
 #: frame column -> table header (columns a sweep did not measure are dropped); ``d_*`` = paired difference vs AR
 COLUMNS = {
     "label": "method", "lam": "lambda", "delta": "delta", "latency_mean": "latency (s)", "speedup": "speed-up",
-    "step_compression": "step compression", "acceptance_rate": "acceptance", "clip_score": "CLIP",
+    "step_compression": "step compression", "skipped_per_image": "skipped rounds / image",
+    "acceptance_rate": "acceptance", "clip_score": "CLIP",
     "d_clip_score": "Δ CLIP", "fid": "FID", "scene_acc_overall": "scene acc.", "d_scene_acc_overall": "Δ scene acc.",
     "geneval_overall": "GenEval", "d_geneval_overall": "Δ GenEval",
 }
