@@ -150,7 +150,7 @@ def summary_line(result: dict[str, Any]) -> str:
     parts = [f"{run['method']}({params}) {run['model']}/{run['dataset']}: {run['n_records']} images"]
     fmt = {
         "latency_mean": "latency {:.3f}s", "latency_p90": "p90 {:.3f}s", "step_compression": "compression {:.2f}x",
-        "acceptance_rate": "accept {:.1%}", "relaxed_rate": "relaxed {:.1%}", "clip_score": "CLIP {:.2f}",
+        "skipped_per_image": "skipped {:.1f} rounds/image", "acceptance_rate": "accept {:.1%}", "relaxed_rate": "relaxed {:.1%}", "clip_score": "CLIP {:.2f}",
         "fid": "FID {:.2f}", "scene_acc_overall": "scene {:.1%}", "geneval_overall": "GenEval {:.1%}",
     }
     parts += [f.format(m[k]) for k, f in fmt.items() if k in m and not math.isnan(m[k])]

@@ -44,6 +44,8 @@ STAGES = ("generate", "evaluate", "report", "status", "study", "plan", "decode",
 #: draft (one-hot on itself, or the uniform law it was drawn from)
 INIT_SCHEMES = ("random", "repeat_left")
 COUPLINGS = ("none", "maximal", "gumbel")
+#: ``drafter.skip`` (``drafter=eagle``, csd/drafters/skip.py): VVS's verification skipping, off or its two schedules
+SKIP_POLICIES = ("none", "uniform", "similarity")
 DRAFT_RECORDS = ("onehot", "uniform")
 #: SSD (``drafter=ssd``, arXiv 2606.20543): horizontal heads ``k_h`` (cells +1 .. +k_h of the row), vertical heads
 #: ``k_v`` (rows drafted at once below a complete row; 0: horizontal only) and correction rounds ``r`` before a block

@@ -79,7 +79,9 @@ class ImageRecord:
     ``residual_fallbacks``: replacements drawn from the rule's fallback law because its residual had no
     mass (LANTERN's ``code_parity``: uniform over the codes; 0 in records made before the counter).
     ``drafter_forwards``: forwards of the drafter's own model (``drafter=draft_model``; the EAGLE head's, ``drafter=eagle``; 0 for drafters without one and
-    in records made before the counter); ``nfe`` counts the target's only.
+    in records made before the counter); ``nfe`` counts the target's only. ``skipped``: drafting rounds committed without a
+    target forward of their own (``drafter.skip``, VVS; 0 otherwise and in records made before the counter): ``nfe``
+    and ``step_compression`` count target forwards only, so a skip raises the compression.
     Per body position: ``commit_iter`` (iteration that committed it), ``commit_kind``
     (COMMIT_* above), ``entropy`` (nats of the processed target distribution it was committed under).
     ``prefill_s``, ``decode_s``, ``latency_s`` are per-image (batch-1) times, null when the image was
@@ -118,6 +120,7 @@ class ImageRecord:
     residual_fallbacks: int = 0
     drafter_forwards: int = 0
     drafter_s: float | None = None
+    skipped: int = 0
 
     @property
     def key(self) -> tuple[str, int]:

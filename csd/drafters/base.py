@@ -34,9 +34,10 @@ if TYPE_CHECKING:
     from csd.tree import TreeMask
 
 #: per-image counters every drafter reports, in this order (records, docs/ALGORITHMS.md "What is recorded");
-#: ``drafter_forwards``: forwards of the drafter's own model (0 for drafters without one: chain, pac_tree)
+#: ``drafter_forwards``: forwards of the drafter's own model (0 for drafters without one: chain, pac_tree);
+#: ``skipped``: drafting rounds committed without a target forward of their own (``drafter.skip``, VVS; else 0)
 STAT_KEYS = ("drafts_proposed", "drafts_verified", "drafts_accepted", "relaxed_accepts", "filter_checks", "filter_passes",
-             "residual_fallbacks", "drafter_forwards")
+             "residual_fallbacks", "drafter_forwards", "skipped")
 
 
 class BodyIds:

@@ -203,4 +203,4 @@ def _stats(result: WindowResult, forced: torch.Tensor | None, n_drafts: torch.Te
     sums = torch.stack(flags, dim=1).sum(-1)
     zero = sums[:, :1] * 0
     filters = [] if result.filter_pass is not None else [zero, zero]
-    return torch.cat([sums, *filters, result.fallback.long().unsqueeze(-1), zero], dim=-1)
+    return torch.cat([sums, *filters, result.fallback.long().unsqueeze(-1), zero, zero], dim=-1)

@@ -20,13 +20,18 @@ target feature yet and is one AR step.
 (each node's children drawn without replacement from its head law, one head forward per level over the level's
 nodes with a tree mask over the head's draft entries) and verified by recursive rejection sampling as a tree window
 (``csd.drafters.tree_window``, the code SJD-PAC's windows use); batch 1.
+
+``skip`` (VVS, arXiv 2511.13587; docs/ALGORITHMS.md "VVS: verification skipping"): some drafting rounds commit a
+candidate path of their drafts truncated to the mean accepted length without a target forward of their own and draft
+again after it; the window the target then runs holds the skipped chain and the new drafts (csd.drafters.skip).
+Lossy unless ``skip_verify``; chains at any batch size, trees at batch 1. ``skip=none`` decodes as before.
 """
 
 from __future__ import annotations
 
 import functools
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -40,12 +45,24 @@ from csd.adapters.base import ModelAdapter
 from csd.cache import RaggedCache
 from csd.device import to_device
 from csd.drafters.base import STAT_KEYS, BodyIds, Proposal, Verified
-from csd.drafters.chain import ChainDrafter, ChainWindow
+from csd.drafters.chain import ChainDrafter, ChainHead, ChainWindow, verify_chain_batch
 from csd.drafters.lantern_head import PromptPairs, is_lantern, lantern_kind, lantern_parts, target_problem
+from csd.drafters.skip import (
+    VVS_DECAY,
+    VVS_INTERVAL,
+    VVS_THRESHOLD,
+    VVS_WARMUP,
+    SkipSchedule,
+    SkipState,
+    path_similarity,
+    reused_features,
+)
 from csd.drafters.tree_window import TreeWindow, tree_grid, verify_tree_window
+from csd.keys import SKIP_POLICIES
 from csd.params import Param
 from csd.processors import TargetPipeline
-from csd.schema import Choice, Int, Str
+from csd.records import COMMIT_ACCEPTED
+from csd.schema import Bool, Choice, Float, Int, Str
 from csd.tree import Tree, TreeMask, without_replacement
 from csd.verify import exponential_noise, sample_race
 
@@ -58,6 +75,9 @@ TRAIN_HINT = "train one with `python -m experiments.train_drafter model=<name>` 
 #: static trees (``drafter.tree``): the children of every node at depth ``d - 1`` for the first depths ``d = 1, 2, ..``
 #: (1 below), down to depth ``window - 1`` (docs/ALGORITHMS.md "EAGLE: a trained draft head", Static trees)
 STATIC_TREES: dict[str, tuple[int, ...]] = {"chain": (), "binary": (2, 2), "wide": (4, 2)}
+#: the skipping keys (``drafter.skip`` and its settings), left out of the recorded settings when ``skip=none``
+SKIP_KEYS = ("skip", "skip_interval", "skip_threshold", "skip_decay", "skip_warmup", "skip_verify")
+SKIPPED = STAT_KEYS.index("skipped")
 
 
 def head_config(decoder_config: Any) -> LlamaConfig:
@@ -190,7 +210,10 @@ class EagleState:
     """An image's pairs not yet in the head's cache: token ids ``[m]`` and the target features before them
     ``[cfg rows, m, D]``, after ``prompt``: per CFG row, the prompt's pairs (ids ``[k_r]``, features ``[k_r, D]``) of
     a head that opens with them (``EagleHead.pairs``); ``new``: the head's cache rows still hold the previous image;
-    ``window``: this iteration's chain (or static tree) window. No Gumbel sharing."""
+    ``window``: this iteration's chain (or static tree) window. No Gumbel sharing. Skipping (``drafter.skip``):
+    ``skip`` the image's schedule record, ``recent`` its latest target features ``[cfg rows, k, D]``, ``skipped``
+    the length of the skipped chain at the front of this iteration's window (0: none), ``after`` the tree window
+    drafted after it (judged alone unless ``skip_verify``)."""
 
     ids: torch.Tensor
     features: torch.Tensor | None
@@ -198,6 +221,10 @@ class EagleState:
     window: ChainWindow | TreeWindow | None = None
     shared: None = None
     prompt: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+    skip: SkipState | None = None
+    recent: torch.Tensor | None = None
+    skipped: int = 0
+    after: TreeWindow | None = None
 
 
 class EagleDrafter(ChainDrafter):
@@ -214,6 +241,17 @@ class EagleDrafter(ChainDrafter):
                       "the drafts' shape: a chain, or a static tree (binary: 2 children per node at depths 1-2; wide: 4 "
                       "at depth 1, 2 at depth 2) window - 1 deep, each node's children drawn without replacement from "
                       "the head's law"),
+        "skip": Param(Choice(options=SKIP_POLICIES), "none",
+                      "VVS verification skipping (lossy): none, every skip_interval-th drafting round (uniform), or "
+                      "when the tree's candidate paths agree (similarity >= skip_threshold; needs a tree)"),
+        "skip_interval": Param(Int(min=2), VVS_INTERVAL, "uniform skipping: skip drafting rounds k = interval, 2 interval, .."),
+        "skip_threshold": Param(Float(min=-1.0, max=1.0), VVS_THRESHOLD,
+                                "similarity skipping: skip when the paths' weighted cosine similarity is at least this"),
+        "skip_decay": Param(Float(gt=0.0), VVS_DECAY, "similarity skipping: the weight decay^l of the paths' depth l"),
+        "skip_warmup": Param(Int(min=1), VVS_WARMUP, "no skipping before this many committed tokens"),
+        "skip_verify": Param(Bool(), False,
+                             "judge the skipped chain in the next forward (true), or commit it unjudged as the released "
+                             "code does (false)"),
     }
 
     def check_params(self) -> None:
@@ -225,6 +263,11 @@ class EagleDrafter(ChainDrafter):
         elif self.head is not None and not is_torch_archive(self.head):
             raise ValueError(f"drafter.head={self.head} is not a head file (torch.save's zip archive, as "
                              f"experiments/train_drafter.py writes) nor a LANTERN drafter's folder; {TRAIN_HINT}")
+        if self.skip == "similarity" and self.tree == "chain":
+            raise ValueError("drafter.skip=similarity compares a tree's candidate paths, but drafter.tree=chain has one: "
+                             "set drafter.tree=binary or wide, or drafter.skip=uniform")
+        self.schedule = SkipSchedule(self.skip, self.skip_interval, self.skip_threshold, self.skip_decay,
+                                     self.skip_warmup)
 
     def params(self) -> dict[str, object]:
         """The drafting settings recorded with every image; ``tree=chain`` is left out, so that chain runs keep the
@@ -232,7 +275,14 @@ class EagleDrafter(ChainDrafter):
         values = super().params()
         if self.tree == "chain":
             del values["tree"]
+        if self.skip == "none":
+            for key in SKIP_KEYS:
+                del values[key]
         return values
+
+    def forward_entries(self, grid: tuple[int, int], body_len: int) -> int:
+        """A window after a skipped chain holds up to ``window - 1`` more entries."""
+        return self.window if self.skip == "none" else 2 * self.window - 1
 
     def problem(self, batch_size: int, compiled: bool) -> str | None:
         if compiled:
@@ -273,23 +323,110 @@ class EagleDrafter(ChainDrafter):
             slot.draft.prompt = self.net.pairs(self.adapter, slot.request.prompt)
 
     def new_state(self, slot: Slot, shared: torch.Tensor | None) -> EagleState:
-        return EagleState(torch.zeros(0, dtype=torch.long, device=self.device), None)
+        skip = None if self.skip == "none" else SkipState()
+        return EagleState(torch.zeros(0, dtype=torch.long, device=self.device), None, skip=skip)
 
     def propose(self, slots: list[Slot | None]) -> Proposal:
         if self.tree != "chain":
             (slot,) = slots
-            slot.draft.window = self._tree_window(slot)
+            slot.draft.skipped, slot.draft.after = 0, None
+            w = self._tree_window(slot, slot.n)
+            slot.draft.window = w if self.skip == "none" else self._tree_skip(slot, w)
             w = self._window(slot)
             return Proposal(w.ids.unsqueeze(0), [slot.n == 0], [True], w.tree.size, w.mask, [w])
-        length, tail = self.adapter.layout.length, self.adapter.layout.jacobi_tail
-        rows = [0 if slot is None else 1 if (length - slot.n <= tail or slot.n == 0)
-                else min(self.window, length - slot.n) for slot in slots]
-        drafted = self._draft(slots, [max(r - 1, 0) for r in rows])
+        rows = [0 if slot is None else self._chain_rows(slot.n) for slot in slots]
+        drafted = self._draft(slots, [max(r - 1, 0) for r in rows], [0 if slot is None else slot.n for slot in slots])
         for slot, r, (drafts, probs) in zip(slots, rows, drafted, strict=True):
             if slot is not None:
                 ids = torch.cat([self.anchor(slot), self.body(drafts, slot.n)])
                 slot.draft.window = ChainWindow(r, drafts, probs, ids)
+                slot.draft.skipped = 0
+        if self.skip != "none":
+            self._chain_skip(slots)
         return super().propose(slots)  # the chain's padding of the windows :meth:`_window` returns
+
+    def _chain_rows(self, n: int) -> int:
+        """The rows of a chain window at ``n`` committed tokens: 1 for an image's first token and the AR tail."""
+        length, tail = self.adapter.layout.length, self.adapter.layout.jacobi_tail
+        return 1 if (length - n <= tail or n == 0) else min(self.window, length - n)
+
+    def _skip_length(self, slot: Slot, drafts: int) -> tuple[int, bool]:
+        """How many drafts of a path of ``drafts`` a skipped round would commit (``min(L_path, floor(tau))``) and
+        whether it can: at least one, and a window with drafts after them."""
+        s = min(drafts, slot.draft.skip.mean_accepted())
+        return s, s > 0 and self._chain_rows(slot.n + s) > 1
+
+    def _start_skip(self, slot: Slot, ids: torch.Tensor) -> None:
+        """The skipped chain's pairs (model ids ``ids [s]``, the latest target features reused) become pending."""
+        slot.draft.ids = ids
+        slot.draft.features = reused_features(slot.draft.recent, ids.numel())
+        slot.draft.skipped = ids.numel()
+
+    def _chain_skip(self, slots: list[Slot | None]) -> None:
+        """Every slot whose round is skipped (:class:`csd.drafters.skip.SkipSchedule`) commits its chain's first
+        ``s`` drafts and drafts again after them; its window becomes the anchor, the skipped chain and the new drafts
+        (the head forwards of both rounds are counted)."""
+        for slot in slots:
+            if slot is None:
+                continue
+            w = slot.draft.window
+            s, possible = self._skip_length(slot, w.rows - 1)
+            if self.schedule.skip(slot.draft.skip, slot.n, s, possible):
+                self._start_skip(slot, w.ids[1 : 1 + s])
+        skipped = [0 if slot is None else slot.draft.skipped for slot in slots]
+        if not any(skipped):
+            return
+        first = self.forwards
+        rows = [self._chain_rows(slot.n + s) if s else 0 for slot, s in zip(slots, skipped, strict=True)]
+        drafted = self._draft(slots, [max(r - 1, 0) for r in rows],
+                              [0 if slot is None else slot.n + s for slot, s in zip(slots, skipped, strict=True)])
+        self.forwards = [a + b for a, b in zip(first, self.forwards, strict=True)]
+        for slot, s, r, (drafts, probs) in zip(slots, skipped, rows, drafted, strict=True):
+            if s:
+                w = slot.draft.window
+                slot.draft.window = ChainWindow(1 + s + r - 1, torch.cat([w.drafts[:s], drafts]),
+                                                torch.cat([w.draft_probs[:s], probs]),
+                                                torch.cat([w.ids[: 1 + s], self.body(drafts, slot.n + s)]))
+
+    def _tree_skip(self, slot: Slot, w: TreeWindow) -> TreeWindow:
+        """A tree round's skip decision; when skipped, one existing candidate path drawn uniformly (the image's
+        generator) commits its first ``s`` nodes and a tree is drafted after them: the window is the anchor, the
+        skipped chain and that tree (node ``s + v`` the new tree's node ``v``: :func:`static_tree`'s order)."""
+        tree = w.tree
+        depth = max(tree.depth(v) for v in range(tree.size))
+        s, possible = self._skip_length(slot, depth)
+        paths: list[list[int]] = []
+        if possible:
+            valid = w.valid.tolist()
+            for leaf in (v for v in range(tree.size) if tree.depth(v) == depth):
+                path = [leaf]
+                while tree.parent[path[-1]] > 0:
+                    path.append(tree.parent[path[-1]])
+                if all(valid[v] for v in path):
+                    paths.append(path[::-1])
+            possible = bool(paths)
+        similarity = None
+        if possible and self.skip == "similarity":
+            at = to_device(paths, self.device)
+            similarity = path_similarity(at, self.adapter.embed(w.ids[at]), self.skip_decay)
+        if not self.schedule.skip(slot.draft.skip, slot.n, s, possible, similarity):
+            return w
+        pick = paths[int(torch.randint(len(paths), (1,), generator=slot.generator, device=self.device))]
+        nodes = to_device(pick[:s], self.device)
+        first = self.forwards
+        self._start_skip(slot, w.ids[nodes])
+        after = self._tree_window(slot, slot.n + s)
+        self.forwards = [first[0] + self.forwards[0]]
+        slot.draft.after = after
+        widths = (1,) * s + self._widths(slot.n + s)
+        shape = self._shape(widths, len(widths))
+        one = torch.ones(s, dtype=torch.bool, device=self.device)
+        return TreeWindow(shape.tree, shape.mask, shape.grid, shape.grid_of,
+                          torch.cat([w.tokens[:1], w.tokens[nodes], after.tokens[1:]]),
+                          torch.cat([w.probs[:1], w.probs[nodes], after.probs[1:]]),
+                          torch.cat([w.valid[:1], one, after.valid[1:]]),
+                          torch.cat([w.forced[:1], w.forced[nodes], after.forced[1:]]),
+                          torch.cat([w.ids[:1], w.ids[nodes], after.ids[1:]]))
 
     def _window(self, slot: Slot) -> ChainWindow | TreeWindow:
         return slot.draft.window
@@ -297,26 +434,91 @@ class EagleDrafter(ChainDrafter):
     def verify(self, rule: AcceptanceRule, slots: list[Slot | None], proposal: Proposal, target: torch.Tensor,
                target_entropy: torch.Tensor) -> Verified:
         """The chain's verification (a static tree: the tree window's RRS, ``verify_tree_window``), plus each image's
-        head forwards of this iteration (``drafter_forwards``)."""
-        if self.tree == "chain":
+        head forwards of this iteration (``drafter_forwards``) and skipped rounds (``skipped``). A window that
+        opens with a skipped chain (``skip_verify=false``) commits the chain unjudged and judges the drafts after it
+        against the target rows after it (:meth:`_verify_after_skips`)."""
+        skipped = [0 if slot is None else slot.draft.skipped for slot in slots]
+        if any(skipped) and not self.skip_verify:
+            verified = self._verify_after_skips(rule, slots, proposal, target, target_entropy, skipped)
+        elif self.tree == "chain":
             verified = super().verify(rule, slots, proposal, target, target_entropy)
         else:
             (slot,), (w,) = slots, proposal.windows
             verified = verify_tree_window(self, rule, slot, w, target[0], target_entropy[0])
         verified.stats[:, STAT_KEYS.index("drafter_forwards")] += to_device(self.forwards, self.device)
+        if any(skipped):
+            verified.stats[:, SKIPPED] += to_device([int(s > 0) for s in skipped], self.device)
         return verified
+
+    def _verify_after_skips(self, rule: AcceptanceRule, slots: list[Slot | None], proposal: Proposal,
+                            target: torch.Tensor, target_entropy: torch.Tensor, skipped: list[int]) -> Verified:
+        """Slot ``b``'s window is its anchor, ``s_b = skipped[b]`` skipped tokens and a window of drafts rooted at the
+        last of them: that window is judged alone, on target rows ``s_b ..`` (row ``s_b + j`` predicts body position
+        ``n + s_b + j``), and the skipped tokens are committed before its tokens (``COMMIT_ACCEPTED``; the logits of
+        rows ``< s_b`` are discarded, as in the released code)."""
+        if self.tree != "chain":
+            (slot,), (s,) = slots, skipped
+            after = slot.draft.after
+            v = verify_tree_window(self, rule, replace(slot, n=slot.n + s), after, target[0, s:], target_entropy[0, s:])
+            (path,) = v.keep
+            w = proposal.windows[0]
+            tokens = torch.cat([w.tokens[1 : 1 + s], v.tokens[0]])[None]
+            kinds = torch.cat([torch.full((s,), COMMIT_ACCEPTED, dtype=torch.long, device=self.device), v.kinds[0]])[None]
+            entropy = torch.cat([target_entropy[0, :s], v.entropy[0]])[None]
+            keep = [list(range(s)) + [s + v for v in path]]
+            return Verified([s + v.counts[0]], tokens, kinds, entropy, v.stats, keep, v.detail)
+        windows = [None if w is None else ChainWindow(w.rows - s, w.drafts[s:], w.draft_probs[s:], w.ids[s:])
+                   for w, s in zip(proposal.windows, skipped, strict=True)]
+        heads = [None if slot is None else ChainHead(slot.n + s, slot.generator)
+                 for slot, s in zip(slots, skipped, strict=True)]
+        rows, count = max(w.rows for w in windows if w is not None), len(slots)
+        at = (to_device(skipped, self.device)[:, None] + torch.arange(rows, device=self.device)).clamp_max(proposal.rows - 1)
+        batch = torch.arange(count, device=self.device)[:, None]
+        v = verify_chain_batch(self, rule, heads, windows, target[batch, at], target_entropy[batch, at], [None] * count)
+        width = max(skipped) + rows
+        tokens = torch.zeros((count, width), dtype=torch.long, device=self.device)
+        kinds, entropy = torch.zeros_like(tokens), target_entropy.new_zeros((count, width))
+        for b, (w, s) in enumerate(zip(proposal.windows, skipped, strict=True)):
+            if w is not None:
+                tokens[b, :s], tokens[b, s : s + rows] = w.drafts[:s], v.tokens[b]
+                kinds[b, :s], kinds[b, s : s + rows] = COMMIT_ACCEPTED, v.kinds[b]
+                entropy[b, :s], entropy[b, s : s + rows] = target_entropy[b, :s], v.entropy[b]
+        counts = [m + s if m else 0 for m, s in zip(v.counts, skipped, strict=True)]
+        return Verified(counts, tokens, kinds, entropy, v.stats, None, v.detail)
 
     def refresh(self, slots: list[Slot | None], proposal: Proposal, verified: Verified, target: torch.Tensor) -> None:
         """The ``m`` committed tokens join the pending pairs, each with the target feature of the window entry
         before it (the anchor's for the first): ``(x_{n+j}, f_{n+j-1})``, ``j < m``; a tree window's entries are
-        its committed path (``verified.keep``)."""
+        its committed path (``verified.keep``). After a skipped chain of ``s`` tokens the head already holds their
+        pairs (with reused features, as the released code keeps them): the pairs from ``j = s`` on join; with
+        ``skip_verify`` they leave the head and every committed token joins with its own target feature."""
         for b, (slot, w, m) in enumerate(zip(slots, proposal.windows, verified.counts, strict=True)):
             if w is None:
                 continue
-            entries = slice(0, m) if verified.keep is None else to_device(verified.keep[b], self.device)
-            state, features = slot.draft, proposal.features[b, :, entries]
-            state.ids = torch.cat([state.ids, self.body(verified.tokens[b, :m], slot.n)])
+            state, first = slot.draft, slot.draft.skipped
+            if state.skip is not None:
+                self._note_skip(b, slot, proposal, verified, m)
+                if first and self.skip_verify:
+                    r = self.cfg_rows
+                    self.cache.rollback([first if row // r == b else 0 for row in range(self.cache.rows)])
+                    first = 0
+            entries = (slice(first, m) if verified.keep is None else
+                       to_device(verified.keep[b][first:], self.device))
+            features = proposal.features[b, :, entries]
+            state.ids = torch.cat([state.ids, self.body(verified.tokens[b, first:m], slot.n + first)])
             state.features = features if state.features is None else torch.cat([state.features, features], dim=1)
+
+    def _note_skip(self, b: int, slot: Slot, proposal: Proposal, verified: Verified, m: int) -> None:
+        """Skipping's bookkeeping: the image's latest target features (those of the committed entries, the last
+        ``2 window`` kept) and, for a window with drafts judged, the tokens it committed past a skipped chain
+        (``tau``; with ``skip_verify`` only windows without one count)."""
+        state, s = slot.draft, slot.draft.skipped
+        entries = slice(0, m) if verified.keep is None else to_device(verified.keep[b], self.device)
+        recent = proposal.features[b, :, entries]
+        state.recent = (recent if state.recent is None else torch.cat([state.recent, recent], dim=1))[:, -2 * self.window :]
+        drafted = proposal.windows[b].rows > 1 if self.tree == "chain" else proposal.windows[b].tree.size > 1
+        if drafted and not (s and self.skip_verify):
+            state.skip.record_verified(m - s)
 
     def sample_drafts(self, probs: torch.Tensor, slots: list[Slot | None], wanted: list[bool]) -> torch.Tensor:
         """One draft index per slot from its law ``probs [B, V]`` (the recorded ``p``), with the slot's generator."""
@@ -324,9 +526,11 @@ class EagleDrafter(ChainDrafter):
                              else torch.ones(self.vocab, device=self.device) for slot, want in zip(slots, wanted, strict=True)])
         return sample_race(probs, noise)
 
-    def _draft(self, slots: list[Slot | None], gammas: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Every slot's ``gammas[b]`` drafts ``[gamma]`` and their recorded laws ``[gamma, V]`` (batched head
-        forwards: the pending pairs, then one draft at a time); the head's cache keeps the committed pairs only."""
+    def _draft(self, slots: list[Slot | None], gammas: list[int],
+               starts: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Every slot's ``gammas[b]`` drafts ``[gamma]`` for body positions ``starts[b] ..`` and their recorded laws
+        ``[gamma, V]`` (batched head forwards: the pending pairs, then one draft at a time); the head's cache keeps
+        the committed pairs only."""
         self.forwards = list(gammas)
         empty = (torch.zeros(0, dtype=torch.long, device=self.device),
                  torch.zeros((0, self.vocab), dtype=torch.float32, device=self.device))
@@ -343,8 +547,8 @@ class EagleDrafter(ChainDrafter):
             probs.append(p)
             more = [i + 1 < g for g in gammas]
             if any(more):
-                ids = torch.cat([self.body(x[b : b + 1], slot.n + i) if more[b] else x[b : b + 1]
-                                 for b, slot in enumerate(slots)])
+                ids = torch.cat([self.body(x[b : b + 1], starts[b] + i) if more[b] else x[b : b + 1]
+                                 for b in range(len(slots))])
                 embeds = self.adapter.embed(ids.view(-1, 1)).repeat_interleave(r, dim=0)
                 feature = self._step(embeds, feature, more)
         self.cache.rollback([max(g - 1, 0) for g in gammas for _ in range(r)])  # the drafts' entries
@@ -406,25 +610,35 @@ class EagleDrafter(ChainDrafter):
                 self.cache.reset(slice(b * self.cfg_rows, (b + 1) * self.cfg_rows))
                 slot.draft.new = False
 
-    def _tree_window(self, slot: Slot) -> TreeWindow:
-        """A static tree window (``tree``) ``window - 1`` deep at most, no draft past the body, no siblings at forced
-        positions; an image's first window and the AR tail are the root alone (one AR step)."""
-        layout, n = self.adapter.layout, slot.n
+    def _widths(self, n: int) -> tuple[int, ...]:
+        """The static tree's children per depth for a window at ``n`` committed tokens: ``window - 1`` deep at most,
+        no draft past the body, no siblings at forced positions; an image's first window and the AR tail are the
+        root alone (one AR step)."""
+        layout = self.adapter.layout
         span, widths = layout.length - n, STATIC_TREES[self.tree]
         depth = 0 if (span <= layout.jacobi_tail or n == 0) else min(self.window, span) - 1
-        widths = tuple(1 if self.body.forced_host[n - 1 + d] or d > len(widths) else widths[d - 1]
-                       for d in range(1, depth + 1))
+        return tuple(1 if self.body.forced_host[n - 1 + d] or d > len(widths) else widths[d - 1]
+                     for d in range(1, depth + 1))
+
+    def _shape(self, widths: tuple[int, ...], depth: int) -> HeadTree:
+        """The window shape of a static tree with ``widths`` per depth, ``depth`` deep (built once)."""
         if (widths, depth) not in self._shapes:
             self._shapes[widths, depth] = HeadTree.build(widths, depth, self.device)
-        shape = self._shapes[widths, depth]
-        tokens, probs, valid = self._tree_draft(slot, shape)
+        return self._shapes[widths, depth]
+
+    def _tree_window(self, slot: Slot, n: int) -> TreeWindow:
+        """A static tree window (``tree``, :meth:`_widths`) whose root is the token at ``n - 1`` (``slot.n``, or the
+        end of a skipped chain); its anchor id is the slot's (the skipped chain's root)."""
+        widths = self._widths(n)
+        shape = self._shape(widths, len(widths))
+        tokens, probs, valid = self._tree_draft(slot, shape, n)
         positions = (n - 1 + shape.mask.depth).clamp_min(0)
         forced = self.body.is_forced[positions] & (shape.mask.depth > 0)
         ids = torch.where(forced, self.body.forced[positions], self.body.image_ids[tokens])
         ids = torch.cat([self.anchor(slot), ids[1:]])
         return TreeWindow(shape.tree, shape.mask, shape.grid, shape.grid_of, tokens, probs, valid, forced, ids)
 
-    def _tree_draft(self, slot: Slot, shape: HeadTree) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _tree_draft(self, slot: Slot, shape: HeadTree, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Every node's candidate, recorded law and existence (the root: none). Level by level, each parent's law
         ``p = Q(H(f'))`` and its children drawn one after the other from ``p`` without the earlier ones (exponential
         races, the image's generator), each recorded with ``p``; then one head forward of the new level's nodes (each
@@ -447,7 +661,7 @@ class EagleDrafter(ChainDrafter):
             at = to_device(kids, self.device)
             tokens[at], valid[at], probs[at] = drawn.flatten(), exists.flatten(), law.repeat_interleave(width, dim=0)
             if d < depth:
-                pos = slot.n + d - 1
+                pos = n + d - 1
                 ids = torch.where(self.body.is_forced[pos], self.body.forced[pos], self.body.image_ids[drawn.flatten()])
                 embeds = self.adapter.embed(ids.view(1, -1)).repeat_interleave(r, dim=0)
                 feature = self._tree_step(embeds, feature.repeat_interleave(width, dim=1), start, shape.head, entries)

@@ -90,7 +90,7 @@ def verify_tree_window(drafter: Drafter, rule: AcceptanceRule, slot: Slot, w: Tr
     tokens = torch.cat([w.tokens[accepted], final.view(1)])
     kinds = to_device([COMMIT_RELAXED if flags[1][v] else COMMIT_ACCEPTED for v in path[1:]] + [COMMIT_SAMPLED], device)
     counters = tree_stats(drafter.body.forced_host, slot.n, tree, path, flags, verdict.filter_pass is not None)
-    stats = to_device(counters + [0, 0], device)
+    stats = to_device(counters + [0, 0, 0], device)
     if rejected_all:  # the final residual's fallback flag stays on the device (no extra host sync)
         stats[STAT_KEYS.index("residual_fallbacks")] = verdict.final_fallback[w.grid_of[last]]
     entropies = target_entropy[to_device(path, device)]
@@ -100,10 +100,10 @@ def verify_tree_window(drafter: Drafter, rule: AcceptanceRule, slot: Slot, w: Tr
 
 def tree_stats(forced_host: Sequence[bool], n: int, tree: Tree, path: list[int], flags: list[list[bool]],
                filtered: bool) -> list[int]:
-    """The iteration's counters (STAT_KEYS but the fallback count and the drafter's forwards) for a tree window, free
-    (unforced, existing) nodes only: proposed = every node of the window; verified = the children RRS judged along the
-    committed path (up to the accepted one, at the last node all of them); accepted / relaxed = nodes of the path;
-    filter counts over verified."""
+    """The iteration's counters (STAT_KEYS but the fallback count, the drafter's forwards and the skips) for a tree
+    window, free (unforced, existing) nodes only: proposed = every node of the window; verified = the children RRS
+    judged along the committed path (up to the accepted one, at the last node all of them); accepted / relaxed =
+    nodes of the path; filter counts over verified."""
     _, relaxed, passes, valid = flags
 
     def free(v: int) -> bool:

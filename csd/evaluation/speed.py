@@ -57,8 +57,8 @@ def speed_metrics(records: Sequence[dict[str, Any]], info: Mapping[str, Any] | N
         "drafts_proposed", "drafts_verified", "drafts_accepted", "relaxed_accepts", "filter_checks", "filter_passes"
     )}
     # counters added later: records made before them have none (replacements drawn from a rule's fallback law, the
-    # forwards of a drafter's own model)
-    for key in ("residual_fallbacks", "drafter_forwards"):
+    # forwards of a drafter's own model, the drafting rounds VVS committed without a target forward)
+    for key in ("residual_fallbacks", "drafter_forwards", "skipped"):
         total[key] = sum(r.get(key, 0) for r in records)
     return {
         **latency_stats([t["latency_s"] for t in timed]),
@@ -74,5 +74,7 @@ def speed_metrics(records: Sequence[dict[str, Any]], info: Mapping[str, Any] | N
         "acceptance_rate": _ratio(total["drafts_accepted"], total["drafts_proposed"]),
         "relaxed_rate": _ratio(total["relaxed_accepts"], total["drafts_accepted"]),
         "filter_pass_rate": _ratio(total["filter_passes"], total["filter_checks"]),
+        # VVS's skipped drafting rounds per image (NaN without any: the column stays out of the tables)
+        "skipped_per_image": total["skipped"] / len(records) if total["skipped"] and records else NAN,
         **{k: int(v) for k, v in total.items()},
     }

@@ -27,9 +27,11 @@ METHOD_ORDER = (
 #: frame column -> table header (columns a sweep did not measure are dropped); ``d_*`` = paired difference vs AR
 COLUMNS = {
     "label": "method", "lam": "lambda", "delta": "delta", "latency_mean": "latency (s)", "speedup": "speed-up",
-    "step_compression": "step compression", "acceptance_rate": "acceptance", "clip_score": "CLIP",
-    "d_clip_score": "Δ CLIP", "fid": "FID", "fid_clean": "FID clean-fid", "fid_clean_legacy_tf": "FID clean-fid legacy TF",
-    "fid_clean_legacy_pt": "FID clean-fid legacy PT", "fid_pytorch": "FID pytorch-fid", "scene_acc_overall": "scene acc.", "d_scene_acc_overall": "Δ scene acc.",
+    "step_compression": "step compression", "skipped_per_image": "skipped rounds / image",
+    "acceptance_rate": "acceptance", "clip_score": "CLIP", "d_clip_score": "Δ CLIP", "fid": "FID",
+    "fid_clean": "FID clean-fid", "fid_clean_legacy_tf": "FID clean-fid legacy TF",
+    "fid_clean_legacy_pt": "FID clean-fid legacy PT", "fid_pytorch": "FID pytorch-fid",
+    "scene_acc_overall": "scene acc.", "d_scene_acc_overall": "Δ scene acc.",
     "geneval_overall": "GenEval", "d_geneval_overall": "Δ GenEval",
 }
 #: comparisons with AR and their no-difference value: an interval containing it is flagged
