@@ -168,7 +168,7 @@ def verify_tree_windows(drafter: Drafter, rule: AcceptanceRule, slots: Sequence[
         tokens.append(torch.cat([w.tokens[at], final.view(1)]))
         kinds.append(to_device([COMMIT_RELAXED if own[1][v] else COMMIT_ACCEPTED for v in path[1:]] + [COMMIT_SAMPLED], device))
         counters = to_device(tree_stats(drafter.body.forced_host, slots[b].n, tree, path, own,
-                                        verdict.filter_pass is not None) + [0, 0], device)
+                                        verdict.filter_pass is not None) + [0, 0, 0], device)
         if rejected_all:  # the final residual's fallback flag stays on the device (no extra host sync)
             counters[STAT_KEYS.index("residual_fallbacks")] = verdict.final_fallback[a * cells + x, depth]
         stats.append(counters)
