@@ -156,14 +156,14 @@ def _package_fid(ctx: EvalContext, name: str) -> MetricOutput:
     distance; the reference's mean and covariance from ``eval.fid.reference_stats`` or the reference images (cached)."""
     f = ctx.eval.fid
     pre = Preprocess(f.transforms)
-    backend = fid_backends.build(name, f.get("weights_dir"), ctx.device)
     stats = f.get("reference_stats")
+    files = None if stats else _reference_files(ctx)  # a missing reference is reported before the network loads
+    backend = fid_backends.build(name, f.get("weights_dir"), ctx.device)
     if stats:
         with np.load(require_stats(stats)) as ref:
             ref_mu, ref_sigma = ref["mu"], ref["sigma"]
         cached, reference = None, {"reference_stats": str(stats)}
     else:
-        files = _reference_files(ctx)
         key = {"files": [(str(p.resolve()), p.stat().st_size) for p in files], "transforms": pre.describe(),
                "features": backend.features}
         ref_mu, ref_sigma, n_ref, cached = fid_backends.reference_stats(

@@ -186,3 +186,24 @@ def test_local_weights_are_read_from_the_folder(tmp_path: Path) -> None:
     assert pytorch_fid_inception.FID_WEIGHTS_URL == fid_backends.PT_INCEPTION_URL
     assert cleanfid.inception_pytorch.FID_WEIGHTS_URL == fid_backends.PT_INCEPTION_URL
     assert cleanfid.inception_torchscript.inception_url == fid_backends.TORCHSCRIPT_URL
+
+
+class TinyGraph(nn.Module):
+    """A TorchScript file in the place of clean-fid's ``inception-2015-12-05.pt``: ``layers`` maps the normalised
+    299 px image to 2048 features (``forward`` is the graph's own-resize entry, unused in clean mode)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(2)
+        self.layers = nn.Sequential(nn.AdaptiveAvgPool2d(4), nn.Conv2d(3, 2048, 4))
+
+    def forward(self, x: torch.Tensor, return_features: bool = False) -> torch.Tensor:
+        return self.layers(x)
+
+
+def test_clean_fid_loads_the_local_torchscript_file(tmp_path: Path) -> None:
+    """clean-fid's own ``InceptionV3W`` wrapper, unpatched, on a local TorchScript file: 2048 features per image."""
+    torch.jit.script(TinyGraph()).save(str(tmp_path / fid_backends.TORCHSCRIPT_FILE))
+    backend = fid_backends.build("clean-fid:clean", str(tmp_path), CPU)
+    feats = backend.extract(pictures(3, 0), Preprocess(), 8, CPU)
+    assert feats.shape == (3, 2048) and np.isfinite(feats).all()
