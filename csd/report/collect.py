@@ -25,7 +25,7 @@ AR_METHOD = "ar"
 #: the drafters' keys (current names) a run records; labelled only when they tell runs of one method apart
 ENGINE_KEYS = tuple(MOVED_TO_DRAFTER.values())
 #: quality metrics compared with the AR run image by image: columns ``d_<metric>`` (method - AR), ``_lo``, ``_hi``
-PAIRED = ("clip_score", "scene_acc_overall", "geneval_overall")
+PAIRED = ("clip_score", "scene_acc_overall", "geneval_overall", "hpsv2", "image_reward", "precision", "dpg_score")
 #: prompt resamples of the paired intervals when the caller gives none (``eval.bootstrap``'s default)
 DEFAULT_RESAMPLES = 1000
 

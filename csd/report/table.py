@@ -33,9 +33,13 @@ COLUMNS = {
     "fid_clean_legacy_pt": "FID clean-fid legacy PT", "fid_pytorch": "FID pytorch-fid",
     "scene_acc_overall": "scene acc.", "d_scene_acc_overall": "Δ scene acc.",
     "geneval_overall": "GenEval", "d_geneval_overall": "Δ GenEval",
+    "hpsv2": "HPSv2.1", "d_hpsv2": "Δ HPSv2.1", "image_reward": "ImageReward", "d_image_reward": "Δ ImageReward",
+    "inception_score": "IS", "precision": "precision", "d_precision": "Δ precision", "recall": "recall",
+    "dpg_score": "DPG", "d_dpg_score": "Δ DPG",
 }
 #: comparisons with AR and their no-difference value: an interval containing it is flagged
-NO_DIFFERENCE = {"speedup": 1.0, "d_clip_score": 0.0, "d_scene_acc_overall": 0.0, "d_geneval_overall": 0.0}
+NO_DIFFERENCE = {"speedup": 1.0, "d_clip_score": 0.0, "d_scene_acc_overall": 0.0, "d_geneval_overall": 0.0,
+                 "d_hpsv2": 0.0, "d_image_reward": 0.0, "d_precision": 0.0, "d_dpg_score": 0.0}
 FLAG = "†"
 NOTE_INTERVALS = (
     "`value [lo, hi]`: 95 % percentile-bootstrap interval over prompts, all samples of a prompt resampled together (FID: below). "

@@ -26,7 +26,7 @@ def test_the_preset_composes_and_validates_for_every_row(tmp_path: Path) -> None
     cfg = make_cfg(PRESET)
     assert cfg.eval.protocol == "sjd" and cfg.dataset.caption_rule == "sjd"
     assert cfg.published.lumina_mgpt_7b.coco2017.sjd_pac == {"step_compression": 4.51, "speedup": 3.80, "fid": 30.69}
-    for method in ("ar", "sjd", "gsd", "sjd_pac", "csd"):
+    for method in ("ar", "gsd", "sjd_pac"):
         validate(make_cfg(PRESET, f"method={method}"))
     validate(make_cfg(PRESET, "model=emu3_gen", "dataset=partiprompts", "method=sjd_pac"))
     for method in ("lantern_pp", "eagle_sd"):  # the EAGLE head's static tree: a trained head per model
@@ -57,3 +57,23 @@ def test_the_report_shows_the_published_column(tmp_path: Path) -> None:
     assert "speed-up published" in markdown and "3.80x" in markdown and "30.69" in markdown
     assert "ours and published" in (out / "report.md").read_text()
     assert not (out / "published_emu3_gen_coco2017.md").exists() or "sjd_pac" in (out / "published_emu3_gen_coco2017.md").read_text()
+
+
+def test_the_new_scores_get_paired_differences_from_ar() -> None:
+    from csd.report.collect import results_frame
+    from csd.report.table import paper_table
+
+    def result(method: str, shift: float) -> dict:
+        rows = [{"prompt_id": f"p{i}", "sample": 0, "latency_s": 1.0, "hpsv2": 0.25 + shift, "image_reward": 0.1 + shift,
+                 "in_reference_manifold": int(i % 2 == 0 or shift > 0), "dpg_score": 50.0 + 100 * shift} for i in range(6)]
+        return {"run_dir": f"runs/{method}", "per_image": rows, "intervals": {},
+                "run": {"method": method, "method_params": {"window": 1 if method == "ar" else 16}, "model": "toy",
+                        "dataset": "toy", "n_records": 6},
+                "metrics": {"latency_mean": 1.0, "hpsv2": 0.25 + shift, "image_reward": 0.1 + shift,
+                            "precision": 0.5 if shift == 0 else 1.0, "dpg_score": 50.0 + 100 * shift}}
+
+    df = results_frame([result("ar", 0.0), result("sjd", 0.01)], n_boot=50)
+    sjd = df[df["method"] == "sjd"].iloc[0]
+    assert sjd["d_hpsv2"] == pytest.approx(0.01) and sjd["d_image_reward"] == pytest.approx(0.01)
+    assert sjd["d_precision"] == pytest.approx(0.5) and sjd["d_dpg_score"] == pytest.approx(1.0)
+    assert {"HPSv2.1", "Δ HPSv2.1", "ImageReward", "Δ precision", "DPG", "Δ DPG"} <= set(paper_table(df).columns)

@@ -39,7 +39,7 @@ def test_every_method_and_model_composes_and_validates(method, model):
     class_ids = model_preset(model).get("kind") == "c2i"  # a class-conditional model takes class-id prompts
     cfg = make_cfg(f"method={method}", f"model={model}", *["dataset=imagenet_classes"] * class_ids)
     problem = build_drafter(cfg.drafter).model_problem(adapter_class(cfg.model))
-    if problem is not None:  # a drafter some models cannot take (drafter=ssd: features, shipped heads): refused in one line
+    if problem is not None:  # a drafter some models cannot take (ssd, eagle_sd: features, trained heads): one line
         with pytest.raises(ConfigError, match=re.escape(problem)):
             validate(cfg)
         return
