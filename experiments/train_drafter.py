@@ -9,15 +9,21 @@ Usage, from the repository root (run-config overrides choose the model preset an
 
 1. collect: AR samples of the target on the training prompts (the engine, ``method=ar``), then one no-cache forward
    per sample for the target's last hidden states of every position (``csd.ragged.reference_features``; each CFG
-   row is one training sequence). Cached in the checkpoint directory.
+   row is one training sequence). Sample ``s`` of the prompt at dataset index ``i`` decodes with the seed ``run.py``
+   gives that image, ``csd.pipeline.image_seed(seed, i, s)``: every sample has its own seed, and the held-out
+   prompts (later indices) get seeds no training sample has. Cached in the checkpoint directory with those seeds.
 2. train: EAGLE's losses (docs/DRAFT_HEADS.md): smooth L1 between the head's predicted and the target's next feature,
    plus ``--token-weight`` times the cross-entropy of the head's distribution (the target's own output head over the
    predicted feature) against the target's distribution; uniform noise on the input features. Resumable: the
    checkpoint (``--checkpoint``, saved every ``--save-every`` steps and on Ctrl-C) holds the step, the head and the
    optimiser, and each step's batch and noise come from a generator seeded with (seed, step), so a resumed run is the
    uninterrupted one.
-3. validate: ``method=sjd drafter=eagle`` on the held-out prompts; the mean accepted length is the tokens committed
-   per target forward (step compression), before and after training.
+3. validate: ``method=sjd drafter=eagle`` on the held-out prompts (their ``image_seed(seed, i, 0)``); the mean accepted
+   length is the tokens committed per target forward (step compression), before and after training.
+
+Heads trained before the per-sample seeds (the shipped toy head until results/toy_drafters/eagle_data_curve.md)
+decoded every training sample and every validation image with ``seed + s`` (seed 0 for one sample per prompt); the
+command line is unchanged, and a checkpoint directory whose cached samples lack the new seeds is refused.
 
 ``--kind spatial`` (SSD, arXiv 2606.20543; ``csd.drafters.spatial_heads``): the same samples (every sample drawn with
 its own seed), then each of the ``k_h + k_v`` heads regresses, with SmoothL1, the target's feature at its offset from
@@ -60,6 +66,8 @@ from csd.drafters.spatial import RowGrid
 from csd.drafters.spatial_heads import SpatialHeads, load_spatial_heads, save_spatial_heads
 from csd.drafters.ssd import SSDDrafter
 from csd.engine import JacobiEngine
+from csd.limits import samples_problem
+from csd.pipeline import image_seed
 from csd.presets import CONF_DIR
 from csd.prompts import Prompt
 from csd.ragged import reference_features
@@ -108,19 +116,36 @@ def run_config(overrides: list[str]) -> DictConfig:
     return cfg
 
 
+def sample_seeds(seed: int, first_index: int, n_prompts: int, samples: int) -> list[int]:
+    """The seeds of ``samples`` images of each of ``n_prompts`` prompts from dataset index ``first_index``, prompt-major:
+    ``csd.pipeline.image_seed(seed, index, sample)``, the seeds ``run.py`` decodes those images with (distinct for
+    ``samples <= csd.limits.PROMPT_STRIDE``)."""
+    return [image_seed(seed, first_index + i, s) for i in range(n_prompts) for s in range(samples)]
+
+
 @torch.no_grad()
 def collect(adapter: ModelAdapter, prompts: list[Prompt], samples: int, seed: int, batch: int) -> dict[str, torch.Tensor]:
-    """AR samples of ``prompts``: body ids ``[S, N]`` and the target's features ``[S, rows, N + 1, D]`` (column 0 the
-    prompt's last token's, column ``j`` the body token ``j - 1``'s). Sample ``k`` is drawn with seed ``seed + k``: no
-    two samples share a seed."""
+    """AR samples of ``prompts`` (dataset indices ``0 ..``, seeds :func:`sample_seeds`): body ids ``[S, N]``, the
+    target's features ``[S, rows, N + 1, D]`` (column 0 the prompt's last token's, column ``j`` the body token
+    ``j - 1``'s) and the seeds ``[S]``."""
     engine = JacobiEngine(adapter, SJD(), ChainDrafter(window=1), batch_size=batch)
-    requests = [Request(p.text, seed + i * samples + s, key=i * samples + s) for i, p in enumerate(prompts)
-                for s in range(samples)]
+    seeds = sample_seeds(seed, 0, len(prompts), samples)
+    requests = [Request(prompts[k // samples].text, s, key=k) for k, s in enumerate(seeds)]
     ids, features = [None] * len(requests), [None] * len(requests)
     for request, gen in tqdm(engine.generate_many(requests), total=len(requests), desc="AR samples"):
         ids[request.key] = gen.tokens.to(adapter.device)
         features[request.key] = reference_features(adapter, request.prompt, ids[request.key]).cpu()
-    return {"ids": torch.stack(ids).cpu(), "features": torch.stack(features)}
+    return {"ids": torch.stack(ids).cpu(), "features": torch.stack(features), "seeds": torch.tensor(seeds)}
+
+
+def load_samples(data_file: Path, seeds: list[int]) -> dict[str, torch.Tensor]:
+    """The cached samples in ``data_file``, refused in one line unless they were decoded with ``seeds`` (a cache of
+    another run, or of the code before per-sample seeds, would train on other images)."""
+    data = torch.load(data_file, weights_only=True)
+    if "seeds" not in data or data["seeds"].tolist() != seeds:
+        raise SystemExit(f"{data_file} holds AR samples of other seeds than this run's (another --seed, "
+                         "--samples-per-prompt or prompt list, or a cache from before per-sample seeds): delete it")
+    return data
 
 
 def image_logits(adapter: ModelAdapter, features: torch.Tensor) -> torch.Tensor:
@@ -202,10 +227,12 @@ def train(net: torch.nn.Module, adapter: ModelAdapter, data: dict[str, torch.Ten
 
 
 @torch.no_grad()
-def accepted_length(adapter: ModelAdapter, head: Path, prompts: list[Prompt], window: int, batch: int) -> float:
-    """``method=sjd drafter=eagle`` on ``prompts`` (seed 0): tokens committed per target forward."""
+def accepted_length(adapter: ModelAdapter, head: Path, prompts: list[Prompt], seeds: list[int], window: int,
+                    batch: int) -> float:
+    """``method=sjd drafter=eagle`` on ``prompts`` (one image each, with ``seeds``): tokens committed per target
+    forward."""
     engine = JacobiEngine(adapter, SJD(), EagleDrafter(window=window, head=str(head)), batch_size=batch)
-    gens = [gen for _, gen in engine.generate_many([Request(p.text, 0) for p in prompts])]
+    gens = [gen for _, gen in engine.generate_many([Request(p.text, s) for p, s in zip(prompts, seeds, strict=True)])]
     return sum(g.tokens.numel() for g in gens) / sum(g.nfe for g in gens)
 
 
@@ -245,15 +272,15 @@ def spatial_losses(net: SpatialHeads, adapter: ModelAdapter, pairs: tuple[torch.
 
 
 @torch.no_grad()
-def spatial_validation(adapter: ModelAdapter, heads: Path, prompts: list[Prompt], k_h: int, k_v: int,
+def spatial_validation(adapter: ModelAdapter, heads: Path, prompts: list[Prompt], seeds: list[int], k_h: int, k_v: int,
                        batch: int) -> dict[str, float]:
-    """``method=sjd drafter=ssd`` with ``heads`` on ``prompts`` (prompt ``i``: seed ``10_000 + i``): the acceptance rate
+    """``method=sjd drafter=ssd`` with ``heads`` on ``prompts`` (prompt ``i``: seed ``seeds[i]``): the acceptance rate
     of the drafts' one correction round (``r = 1``) and the step compression at ``r = 0`` and ``r = 1``."""
     out = {}
     for rounds in (0, 1):
         drafter = SSDDrafter(k_h=k_h, k_v=min(k_v, 2), rounds=rounds, heads=str(heads))
         engine = JacobiEngine(adapter, SJD(), drafter, batch_size=batch)
-        gens = [g for _, g in engine.generate_many([Request(p.text, 10_000 + i) for i, p in enumerate(prompts)])]
+        gens = [g for _, g in engine.generate_many([Request(p.text, s) for p, s in zip(prompts, seeds, strict=True)])]
         out[f"compression_r{rounds}"] = sum(g.tokens.numel() for g in gens) / sum(g.nfe for g in gens)
         if rounds == 1:
             out["acceptance_r1"] = (sum(g.stats["drafts_accepted"] for g in gens)
@@ -276,8 +303,9 @@ def main_spatial(args: argparse.Namespace, cfg: DictConfig, adapter: ModelAdapte
     args.out.parent.mkdir(parents=True, exist_ok=True)
     save_spatial_heads(net, args.out, meta)
     load_spatial_heads(args.out, adapter)  # the shipped file loads
-    before = spatial_validation(adapter, untrained, val_prompts, args.k_h, args.k_v, args.decode_batch)
-    after = spatial_validation(adapter, args.out, val_prompts, args.k_h, args.k_v, args.decode_batch)
+    val_seeds = sample_seeds(args.seed, meta["train_prompts"], len(val_prompts), 1)
+    before = spatial_validation(adapter, untrained, val_prompts, val_seeds, args.k_h, args.k_v, args.decode_batch)
+    after = spatial_validation(adapter, args.out, val_prompts, val_seeds, args.k_h, args.k_v, args.decode_batch)
     report = {**meta, "seconds": round(time.perf_counter() - start, 1), "first_loss": log[0]["loss"],
               "last_loss": log[-1]["loss"], "last_top1": log[-1]["top1"], "bytes": args.out.stat().st_size,
               **{f"val_{k}_untrained": v for k, v in before.items()}, **{f"val_{k}": v for k, v in after.items()}}
@@ -291,6 +319,8 @@ def main(argv: list[str]) -> dict[str, Any]:
         torch.set_num_threads(args.threads)
     cfg = run_config(overrides)
     prompts = load_prompts(cfg.dataset)
+    if problem := samples_problem(args.samples_per_prompt):
+        raise SystemExit(problem.replace("dataset.samples_per_prompt", "--samples-per-prompt"))
     if len(prompts) <= args.val_prompts:
         raise SystemExit(f"--val-prompts={args.val_prompts} leaves no training prompt of the {len(prompts)} in "
                          f"dataset={cfg.dataset.name}: raise dataset.n_prompts")
@@ -300,7 +330,7 @@ def main(argv: list[str]) -> dict[str, Any]:
     ckpt.mkdir(parents=True, exist_ok=True)
     data_file, start = ckpt / "data.pt", time.perf_counter()
     if data_file.exists():
-        data = torch.load(data_file, weights_only=True)
+        data = load_samples(data_file, sample_seeds(args.seed, 0, len(train_prompts), args.samples_per_prompt))
     else:
         data = collect(adapter, train_prompts, args.samples_per_prompt, args.seed, args.decode_batch)
         torch.save(data, data_file)
@@ -316,10 +346,13 @@ def main(argv: list[str]) -> dict[str, Any]:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     save_head(net, args.out, meta)
     load_head(args.out, adapter)  # the shipped file loads
+    val_seeds = sample_seeds(args.seed, len(train_prompts), len(val_prompts), 1)
     report = {**meta, "seconds": round(time.perf_counter() - start, 1), "first_loss": log[0]["loss"],
               "last_loss": log[-1]["loss"], "last_top1": log[-1]["top1"],
-              "val_accepted_length_untrained": accepted_length(adapter, untrained, val_prompts, args.window, args.decode_batch),
-              "val_accepted_length": accepted_length(adapter, args.out, val_prompts, args.window, args.decode_batch)}
+              "val_accepted_length_untrained": accepted_length(adapter, untrained, val_prompts, val_seeds, args.window,
+                                                               args.decode_batch),
+              "val_accepted_length": accepted_length(adapter, args.out, val_prompts, val_seeds, args.window,
+                                                     args.decode_batch)}
     print(json.dumps(report, indent=1), flush=True)
     return report
 
