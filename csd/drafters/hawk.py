@@ -137,7 +137,7 @@ class HawkDrafter(Drafter):
                                       "order: horizontal, vertical +W, +2W; the last one again past the pool)"),
         "depth": Param(Int(min=2), 3, "D: tree levels counting the root; branching at depths 1 .. D-1"),
         "heads": Param(Str(null="the stand-in: the target's own law of the decoded cell for every offset"), None,
-                       "the trained spatial heads' file (experiments/train_drafter.py --kind spatial)"),
+                       "the trained spatial heads' file (python -m experiments.train_drafter --kind spatial)"),
         "draw": Param(Choice(options=HAWK_DRAWS), "sample",
                       "candidates drawn from their pool law (sample) or its most likely codes (top, recorded one-hot)"),
     }

@@ -11,7 +11,7 @@ position whose logits gave the law of cell ``s``, head ``k`` predicts the featur
     h^_{s + o_k} = f_k(z),   f_k(z) = W0_k z + SwiGLU_k(RMSNorm_k(W0_k z))        (SSD's head)
     logits_k = head(h^_{s + o_k})                         (the target's frozen output head)
 
-trained with SmoothL1 against the frozen target's features (``experiments/train_drafter.py --kind spatial``).
+trained with SmoothL1 against the frozen target's features (``python -m experiments.train_drafter --kind spatial``).
 
 **Pre- or post-norm.** The paper regresses the hidden state *before* the target's last RMSNorm and reads it out
 through that norm and the head. Our adapters expose every model's feature *after* the final norm (``features_step``,

@@ -100,7 +100,7 @@ class SSDDrafter(Drafter):
         "rounds": Param(Choice(options=SSD_ROUNDS), 2, "r: correction rounds (one forward each) before a block is "
                                                        "committed; 0 commits the drafts unverified"),
         "heads": Param(Str(null="the model's shipped heads (model=toy)"), None,
-                       "the spatial heads' file (experiments/train_drafter.py --kind spatial)"),
+                       "the spatial heads' file (python -m experiments.train_drafter --kind spatial)"),
     }
 
     def check_params(self) -> None:

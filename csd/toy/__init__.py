@@ -11,5 +11,5 @@ LM_DIR = ASSETS / "lm"
 CLIP_DIR = ASSETS / "clip"
 #: the EAGLE draft head trained on the toy LM (experiments/train_drafter.py; drafter=eagle)
 EAGLE_HEAD_FILE = ASSETS / "eagle_head.pt"
-#: the SSD spatial heads trained on the toy LM (experiments/train_drafter.py --kind spatial; drafter=ssd)
+#: the SSD spatial heads trained on the toy LM (python -m experiments.train_drafter --kind spatial; drafter=ssd)
 SPATIAL_HEADS_FILE = ASSETS / "spatial_heads.pt"

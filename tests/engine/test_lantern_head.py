@@ -165,8 +165,8 @@ def test_the_head_cache_turns_each_entry_by_its_grid_cell(tmp_path):
 class RecordingDrafter(EagleDrafter):
     """Keeps every iteration's recorded draft laws."""
 
-    def _draft(self, slots, gammas):
-        drafted = super()._draft(slots, gammas)
+    def _draft(self, slots, gammas, starts):
+        drafted = super()._draft(slots, gammas, starts)
         self.laws = [*getattr(self, "laws", []), drafted[0][1]]
         return drafted
 
@@ -289,8 +289,8 @@ def test_lanterns_anole_drafter_loads_and_computes_its_layer(tmp_path):
 class DraftRecorder(EagleDrafter):
     """Keeps every iteration's drafts and recorded draft laws."""
 
-    def _draft(self, slots, gammas):
-        drafted = super()._draft(slots, gammas)
+    def _draft(self, slots, gammas, starts):
+        drafted = super()._draft(slots, gammas, starts)
         self.drafted = [*getattr(self, "drafted", []), drafted[0]]
         return drafted
 
