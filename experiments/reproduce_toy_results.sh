@@ -18,4 +18,12 @@ python run.py experiment=toy_drafters logger=disabled hydra.sweep.dir=results/to
 # ... and SJD on the head's static binary tree (~40 min next to other work), then the report over all five runs
 python run.py experiment=toy_drafters logger=disabled hydra.mode=RUN method=sjd drafter=eagle drafter.window=5 \
   drafter.tree=binary run_dir=results/toy_drafters/4_sjd_tree
+# SSD (lossy; first 64 prompts, batch 16) and Hawk (lossless; 400 prompts, batch 16) on the shipped spatial heads
+for r in 0 1 2; do
+  python run.py experiment=toy_drafters logger=disabled hydra.mode=RUN method=ssd_r$r engine.batch_size=16 threads=1 \
+    dataset.n_prompts=64 run_dir=results/toy_drafters/ssd_r$r
+done
+python run.py experiment=toy_drafters logger=disabled hydra.mode=RUN method=hawk drafter=hawk \
+  drafter.heads=csd/toy/assets/spatial_heads.pt drafter.window=64 drafter.width=2 drafter.depth=5 engine.batch_size=16 \
+  run_dir=results/toy_drafters/5_hawk
 python run.py experiment=toy_drafters logger=disabled hydra.mode=RUN stage=report sweep_dir=results/toy_drafters

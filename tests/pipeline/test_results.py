@@ -93,7 +93,7 @@ def test_committed_results_exist():
     assert len(RUNS) == 12, "run experiments/reproduce_toy_results.sh"
     assert (RESULTS / "toy_paper/report/table_toy.md").exists()
     assert (RESULTS / "ablation_lambda_delta/report/pareto_toy.png").exists()
-    assert len(list(RESULTS.glob("toy_drafters/*/run.json"))) == 5 + 3  # + ssd_r0, ssd_r1, ssd_r2 (64 prompts)
+    assert len(list(RESULTS.glob("toy_drafters/*/run.json"))) == 5 + 4  # + ssd_r0, ssd_r1, ssd_r2 (64 prompts), 5_hawk
     assert (STUDY / "study/study.md").exists() and (STUDY / "study/quality_vs_compression.png").exists()
     assert len(list(REGIMES.glob("T*/*/run.json"))) == 3 * 17
     assert (REGIMES / "report/regimes.md").exists() and (REGIMES / "report/regimes.png").exists()
