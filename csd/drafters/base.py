@@ -176,6 +176,13 @@ class Drafter(Parametrized, ABC):
         before any weight loads); None if it can."""
         return None
 
+    def refuse_model(self, adapter: ModelAdapter) -> None:
+        """Raise :meth:`model_problem`'s line for ``adapter``'s class, if any (drafters that need more than logits call
+        it in :meth:`bind`)."""
+        problem = self.model_problem(type(adapter))
+        if problem is not None:
+            raise ValueError(problem)
+
     def bind(self, adapter: ModelAdapter, body: BodyIds, pad: bool) -> None:
         """Attach to the adapter the engine decodes with; ``pad``: every multi-token window is padded to ``window``
         rows (the compiled path's two step shapes)."""
@@ -250,3 +257,12 @@ class Drafter(Parametrized, ABC):
         drafts = torch.cat([carried[:keep], fresh])
         probs = torch.cat([carried_probs[:keep], self.fresh_probs(fresh)])
         return drafts, probs, anchor
+
+
+def features_problem(drafter: str, adapter_class: type[ModelAdapter]) -> str | None:
+    """``drafter=<drafter>`` needs the target's hidden states (EAGLE, SSD and Hawk heads read them): one line if
+    ``adapter_class`` does not expose them, else None."""
+    if adapter_class.exposes_features():
+        return None
+    return (f"drafter={drafter} reads the target's hidden states, which {adapter_class.__name__} does not expose "
+            "(features_step / head / embed)")

@@ -44,7 +44,7 @@ from csd.acceptance import AcceptanceRule
 from csd.adapters.base import ModelAdapter
 from csd.cache import RaggedCache
 from csd.device import to_device
-from csd.drafters.base import STAT_KEYS, BodyIds, Proposal, Verified
+from csd.drafters.base import STAT_KEYS, BodyIds, Proposal, Verified, features_problem
 from csd.drafters.chain import ChainDrafter, ChainHead, ChainWindow, verify_chain_batch
 from csd.drafters.lantern_head import PromptPairs, is_lantern, lantern_kind, lantern_parts, target_problem
 from csd.drafters.skip import (
@@ -293,9 +293,8 @@ class EagleDrafter(ChainDrafter):
         return None
 
     def model_problem(self, adapter_class: type[ModelAdapter]) -> str | None:
-        if not adapter_class.exposes_features():
-            return (f"drafter=eagle reads the target's hidden states, which {adapter_class.__name__} does not expose "
-                    "(features_step / head / embed)")
+        if problem := features_problem("eagle", adapter_class):
+            return problem
         if self.head is None and adapter_class.eagle_head is None:
             return f"drafter.head=null: {adapter_class.__name__} ships no EAGLE head; {TRAIN_HINT} and pass drafter.head=<file>"
         if self.head is not None and is_lantern(self.head):
@@ -304,9 +303,7 @@ class EagleDrafter(ChainDrafter):
 
     def bind(self, adapter: ModelAdapter, body: BodyIds, pad: bool) -> None:
         super().bind(adapter, body, pad)
-        problem = self.model_problem(type(adapter))
-        if problem is not None:
-            raise ValueError(problem)
+        self.refuse_model(adapter)
         self.net = load_head(self.head if self.head is not None else adapter.eagle_head, adapter)
         self.pipeline = TargetPipeline.build(adapter.sampling, adapter.raw_image_columns)
         self.cfg_rows = 2 if adapter.uses_cfg else 1

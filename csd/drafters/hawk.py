@@ -49,7 +49,7 @@ import torch.nn.functional as F
 from csd.acceptance import AcceptanceRule
 from csd.adapters.base import BodyLayout, ModelAdapter
 from csd.device import to_device
-from csd.drafters.base import BodyIds, Drafter, Proposal, Verified
+from csd.drafters.base import BodyIds, Drafter, Proposal, Verified, features_problem
 from csd.drafters.tree_window import TreeOutcome, TreeWindow, tree_grid, verify_tree_windows
 from csd.keys import HAWK_DRAWS
 from csd.params import Param
@@ -154,16 +154,11 @@ class HawkDrafter(Drafter):
         return "drafter=hawk (tree windows) runs eagerly: set engine.compile=false" if compiled else None
 
     def model_problem(self, adapter_class: type[ModelAdapter]) -> str | None:
-        if not adapter_class.exposes_features():
-            return (f"drafter=hawk reads the target's hidden states, which {adapter_class.__name__} does not expose "
-                    "(features_step / head / embed)")
-        return None
+        return features_problem("hawk", adapter_class)
 
     def bind(self, adapter: ModelAdapter, body: BodyIds, pad: bool) -> None:
         super().bind(adapter, body, pad)
-        problem = self.model_problem(type(adapter))
-        if problem is not None:
-            raise ValueError(problem)
+        self.refuse_model(adapter)
         layout = adapter.layout
         self.grid_width = layout.grid[1]
         self.cell_position, self.cell_of = cell_positions(layout)

@@ -36,7 +36,7 @@ import torch.nn.functional as F
 
 from csd.acceptance import AcceptanceRule
 from csd.adapters.base import ModelAdapter
-from csd.drafters.base import STAT_KEYS, BodyIds, Drafter, Proposal, Verified
+from csd.drafters.base import STAT_KEYS, BodyIds, Drafter, Proposal, Verified, features_problem
 from csd.drafters.spatial import RowGrid
 from csd.drafters.spatial_heads import TRAIN_HINT, SpatialHeads, load_spatial_heads
 from csd.keys import SSD_HORIZONTAL_HEADS, SSD_ROUNDS, SSD_VERTICAL_HEADS
@@ -121,18 +121,15 @@ class SSDDrafter(Drafter):
         return min(body_len, 1 + max(self.k_h, self.k_v * -(-body_len // grid[0])))
 
     def model_problem(self, adapter_class: type[ModelAdapter]) -> str | None:
-        if not adapter_class.exposes_features():
-            return (f"drafter=ssd reads the target's hidden states, which {adapter_class.__name__} does not expose "
-                    "(features_step / head / embed)")
+        if problem := features_problem("ssd", adapter_class):
+            return problem
         if self.heads is None and adapter_class.spatial_heads is None:
             return f"drafter.heads=null: {adapter_class.__name__} ships no spatial heads; {TRAIN_HINT} and pass drafter.heads=<file>"
         return None
 
     def bind(self, adapter: ModelAdapter, body: BodyIds, pad: bool) -> None:
         super().bind(adapter, body, pad)
-        problem = self.model_problem(type(adapter))
-        if problem is not None:
-            raise ValueError(problem)
+        self.refuse_model(adapter)
         self.net: SpatialHeads = load_spatial_heads(self.heads or adapter.spatial_heads, adapter)
         if self.net.k_h < self.k_h or self.net.k_v < self.k_v:
             raise ValueError(f"drafter.k_h={self.k_h}, drafter.k_v={self.k_v}: the heads file has k_h={self.net.k_h}, "
