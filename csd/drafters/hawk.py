@@ -49,7 +49,7 @@ import torch.nn.functional as F
 from csd.acceptance import AcceptanceRule
 from csd.adapters.base import BodyLayout, ModelAdapter
 from csd.device import to_device
-from csd.drafters.base import BodyIds, Drafter, Proposal, Verified, features_problem
+from csd.drafters.base import STAT_KEYS, BodyIds, Drafter, Proposal, Verified, features_problem
 from csd.drafters.tree_window import TreeOutcome, TreeWindow, tree_grid, verify_tree_windows
 from csd.keys import HAWK_DRAWS
 from csd.params import Param
@@ -60,6 +60,9 @@ from csd.verify import exponential_noise, sample_race
 
 if TYPE_CHECKING:
     from csd.slot import Slot
+
+#: the counter of the heads' forwards in a verified iteration's stats
+FORWARDS = STAT_KEYS.index("drafter_forwards")
 
 HEADS_HINT = "train them with `python -m experiments.train_drafter --kind spatial` (docs/ALGORITHMS.md \"Hawk\")"
 
@@ -273,7 +276,8 @@ class HawkDrafter(Drafter):
 
     def refresh(self, slots: list[Slot | None], proposal: Proposal, verified: Verified, target: torch.Tensor) -> None:
         """The committed cells' pairs ``(f_s, x_s)`` through the heads in one batched call: node ``path[j]``'s feature
-        gave the law of body position ``n + j``, committed as ``tokens[j]``; forced positions make no pair. Vertical
+        gave the law of body position ``n + j``, committed as ``tokens[j]``; forced positions make no pair. Trained
+        heads count one ``drafter_forwards`` per image the call carries (the stand-in none: it is the target's law). Vertical
         laws enter the ring at cell ``s + o``; the newest pair's horizontal laws replace the slot's."""
         pairs: list[tuple[int, list[int], list[int]]] = []  # (slot, path entries, cells)
         for b, slot in enumerate(slots):
@@ -286,6 +290,8 @@ class HawkDrafter(Drafter):
                 pairs.append((b, [path[j] for j, _ in free], [c for _, c in free]))
         if not pairs:
             return
+        if not isinstance(self.net, TargetLawHeads):  # one forward of the drafter's own heads per image it carries
+            verified.stats[to_device([b for b, _, _ in pairs], self.device), FORWARDS] += 1
         most, r = max(len(c) for _, _, c in pairs), proposal.features.shape[1]
         features = proposal.features.new_zeros((len(pairs), r, most, proposal.features.shape[-1]))
         tokens = torch.zeros((len(pairs), most), dtype=torch.long, device=self.device)

@@ -170,3 +170,17 @@ def test_config_and_checks(tmp_path):
     with pytest.raises(ValueError, match="cannot hold"):
         HawkDrafter(window=4, width=2, depth=3)
     assert HawkDrafter().problem(4, compiled=True) is not None and HawkDrafter().problem(4, compiled=False) is None
+
+
+def test_head_forwards_are_counted():
+    """``drafter_forwards``: one per image per batched call of trained heads (each call carries every image with a
+    committed cell); the stand-in heads are the target's own law, no forward of the drafter's own."""
+    adapter = rejecting_janus()
+    engine = engine_with(adapter, heads="random", batch_size=1, window=7, width=2, depth=3)
+    gen = engine.generate(PROMPT, 3)
+    assert gen.stats["drafter_forwards"] == engine.drafter.net.calls > 0
+    batched = engine_with(adapter, heads="random", batch_size=3, window=7, width=2, depth=3)
+    out = [g for _, g in batched.generate_many([Request(PROMPT, s) for s in range(5)])]
+    assert batched.drafter.net.calls <= sum(g.stats["drafter_forwards"] for g in out) <= 3 * batched.drafter.net.calls
+    standin = engine_with(adapter, batch_size=1, window=7, width=2, depth=3).generate(PROMPT, 3)
+    assert standin.stats["drafter_forwards"] == 0
