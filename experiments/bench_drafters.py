@@ -78,6 +78,26 @@ def measure(checkout: Path, adapter: Any, spec: str, batch: int, images: int, ca
             "nfe": sum(g.nfe for g in gens)}
 
 
+def summary(rows: list[dict[str, Any]], specs: list[str], images: int, rounds: int) -> str:
+    """Per batch size and drafter, over all rounds: seconds per image (the pass's wall time / its images), the
+    speed-up against the first spec (the ratio of their summed times over the same images and rounds: paired, since
+    every round times every spec in turn) and the step compression (tokens / forwards)."""
+    lines = [f"{images} images x {rounds} rounds per (drafter, B), rounds alternating; speed-up: time of `{specs[0]}` / "
+             "time of the drafter, same images, summed over rounds.", "",
+             "| drafter | B | s / image | speed-up | step compression |", "|---|---|---|---|---|"]
+    for batch in dict.fromkeys(row["batch"] for row in rows):
+        total = {spec: [row for row in rows if row["spec"] == spec and row["batch"] == batch] for spec in specs}
+        base = sum(row["seconds"] for row in total[specs[0]]) if total[specs[0]] else None
+        for spec, mine in total.items():
+            if not mine:
+                continue
+            seconds = sum(row["seconds"] for row in mine)
+            ratio = "" if base is None else f"{base / seconds:.2f}"
+            compression = sum(row["tokens"] for row in mine) / sum(row["nfe"] for row in mine)
+            lines.append(f"| `{spec}` | {batch} | {seconds / (images * len(mine)):.3f} | {ratio} | {compression:.2f} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m experiments.bench_drafters",
                                      description=__doc__.splitlines()[0])
@@ -87,6 +107,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--label", default="")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--summary", type=Path, default=None,
+                        help="write a markdown table: s / image and speed-up against the first spec, per B")
     parser.add_argument("--checkout", type=Path, default=None,
                         help="measure the csd of this checkout (an older one) instead of this repository's")
     args = parser.parse_args()
@@ -98,6 +120,7 @@ def main() -> None:
     adapter = load_toy_adapter()
     captions = [p.text for p in toy_prompts(args.images)]
     print("| label | drafter | B | round | ms / iteration | images / s | step compression |\n|---|---|---|---|---|---|---|")
+    rows: list[dict[str, Any]] = []
     for r in range(args.rounds):
         for batch in (int(b) for b in args.batch_sizes.split(",")):
             for spec in args.specs:
@@ -107,12 +130,15 @@ def main() -> None:
                     print(f"| {args.label} | {spec} | {batch} | {r} | {problem} | | |", flush=True)
                     continue
                 row = measure(checkout, adapter, spec, batch, args.images, captions)
+                rows.append({"spec": spec, "batch": batch, **row})
                 ms = 1000 * row["seconds"] / row["iterations"]
                 print(f"| {args.label} | {spec} | {batch} | {r} | {ms:.2f} | {args.images / row['seconds']:.3f} | "
                       f"{row['tokens'] / row['nfe']:.2f} |", flush=True)
                 if args.json is not None:
                     with args.json.open("a") as out:
                         out.write(json.dumps({"label": args.label, "spec": spec, "batch": batch, "round": r, **row}) + "\n")
+    if args.summary is not None:
+        args.summary.write_text(summary(rows, args.specs, args.images, args.rounds) + "\n")
 
 
 if __name__ == "__main__":

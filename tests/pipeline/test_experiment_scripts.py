@@ -95,3 +95,17 @@ def test_docs_name_the_module_form_only() -> None:
              for m in PATH_RUN.finditer(p.read_text(encoding="utf-8"))]
     assert any(p.name == "README.md" for p in files)
     assert found == [], f"use `python -m experiments.<name> ...` from the repository root: {found}"
+
+
+def test_bench_drafters_summary_pairs_against_the_first_spec() -> None:
+    """``experiments.bench_drafters --summary``: seconds per image over all rounds, the speed-up as the ratio of summed
+    times against the first spec at the same B, step compression as tokens / forwards."""
+    from experiments.bench_drafters import summary
+
+    rows = [{"spec": s, "batch": b, "seconds": t, "tokens": 40, "nfe": n}
+            for s, b, t, n in [("chain:window=1", 1, 4.0, 40), ("eagle", 1, 1.0, 10), ("chain:window=1", 1, 6.0, 40),
+                               ("eagle", 1, 3.0, 20), ("eagle", 16, 0.5, 10)]]
+    table = summary(rows, ["chain:window=1", "eagle"], images=2, rounds=2).splitlines()
+    assert "| `chain:window=1` | 1 | 2.500 | 1.00 | 1.00 |" in table
+    assert "| `eagle` | 1 | 1.000 | 2.50 | 2.67 |" in table
+    assert "| `eagle` | 16 | 0.250 |  | 4.00 |" in table  # no first-spec time at B = 16: no ratio
