@@ -6,11 +6,12 @@ as wrong); the image's score is the mean over its questions, x 100. The benchmar
 of the mean over each prompt's images; per category (``category_broad``: entity, attribute, relation, global, other)
 the mean over that category's questions.
 
-The published VQA model is mPLUG-large (``damo/mplug_visual-question-answering_coco_large_en``, ModelScope): it needs
-ModelScope's mPLUG pipeline, which this stack does not install and which cannot be downloaded here, so the VQA model is pluggable (``eval.dpg.vqa``, a
-``module:function`` building a :data:`Vqa` from ``eval.dpg.model`` and the device); the shipped backend is
-transformers' ``BlipForQuestionAnswering`` (e.g. ``Salesforce/blip-vqa-base``). Scores from another VQA model are
-not the published numbers; every result names the backend.
+The VQA model is pluggable (``eval.dpg.vqa``, a ``module:function`` building a :data:`Vqa` from ``eval.dpg.model`` and
+the device). The published one is mPLUG-large (``damo/mplug_visual-question-answering_coco_large_en``), run through
+ModelScope's pipeline as the released scorer runs it: :func:`mplug_vqa` (``eval.dpg.vqa=csd.evaluation.dpg_score:
+mplug_vqa``; needs ``pip install modelscope`` and the model folder, neither installed nor downloadable here). The
+default backend is transformers' ``BlipForQuestionAnswering`` (e.g. ``Salesforce/blip-vqa-base``): its scores are not
+the published numbers; every result names the backend.
 """
 
 from __future__ import annotations
@@ -70,6 +71,28 @@ def blip_vqa(model: str, device: torch.device) -> Vqa:
     def answer(image: Image.Image, question: str) -> str:
         inputs = processor(images=image, text=question, return_tensors="pt").to(device)
         return processor.decode(net.generate(**inputs, max_new_tokens=5)[0], skip_special_tokens=True)
+
+    return answer
+
+
+#: the package mplug_vqa needs, as one install line
+MODELSCOPE = "pip install modelscope"
+
+
+def mplug_vqa(model: str, device: torch.device) -> Vqa:
+    """DPG-Bench's published VQA model through ModelScope's ``visual_question_answering`` pipeline on the local folder
+    ``model`` (``modelscope download --model damo/mplug_visual-question-answering_coco_large_en --local_dir <dir>``):
+    the released scorer's call, ``pipeline(Tasks.visual_question_answering, model=..., device=...)`` then
+    ``pipe({"image": image, "question": question})["text"]``; ModelScope names devices ``gpu`` / ``cpu``."""
+    try:
+        from modelscope.pipelines import pipeline
+        from modelscope.utils.constant import Tasks
+    except ImportError as err:
+        raise MissingWeightsError(f"eval.dpg.vqa=csd.evaluation.dpg_score:mplug_vqa needs ModelScope: {MODELSCOPE}") from err
+    pipe = pipeline(Tasks.visual_question_answering, model=model, device="gpu" if device.type == "cuda" else "cpu")
+
+    def answer(image: Image.Image, question: str) -> str:
+        return pipe({"image": image, "question": question})["text"]
 
     return answer
 

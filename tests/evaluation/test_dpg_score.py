@@ -71,3 +71,36 @@ def test_missing_vqa_model_is_one_line(tmp_path: Path) -> None:
 
     with pytest.raises(MissingWeightsError, match="eval.dpg.model is not set"):
         check_files(["dpg"], cfg.eval, cfg)
+
+
+def test_mplug_backend_calls_modelscope_as_the_released_scorer(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """``eval.dpg.vqa=csd.evaluation.dpg_score:mplug_vqa`` on a stand-in of ModelScope's API (the package and mPLUG's
+    weights are not installable here): one pipeline of the VQA task on the local folder, ModelScope's device names,
+    one ``{"image", "question"}`` call per question, the answer its ``text``; no package: one line naming the install."""
+    import sys
+    import types
+
+    calls: list[tuple] = []
+
+    def pipeline(task: str, model: str, device: str):
+        calls.append((task, model, device))
+        return lambda inputs: {"text": "yes" if "cube" in inputs["question"] and inputs["image"].size == (4, 4) else "no"}
+
+    pipelines = types.ModuleType("modelscope.pipelines")
+    pipelines.pipeline = pipeline
+    constant = types.ModuleType("modelscope.utils.constant")
+    constant.Tasks = types.SimpleNamespace(visual_question_answering="visual-question-answering")
+    for name, module in {"modelscope": types.ModuleType("modelscope"), "modelscope.pipelines": pipelines,
+                         "modelscope.utils": types.ModuleType("modelscope.utils"),
+                         "modelscope.utils.constant": constant}.items():
+        monkeypatch.setitem(sys.modules, name, module)
+    vqa = dpg_score.load_vqa("csd.evaluation.dpg_score:mplug_vqa", str(tmp_path), torch.device("cpu"))
+    image = Image.new("RGB", (4, 4))
+    assert (vqa(image, "is there a cube?"), vqa(image, "is there a ball?")) == ("yes", "no")
+    assert calls == [("visual-question-answering", str(tmp_path), "cpu")]
+    dpg_score.mplug_vqa(str(tmp_path), torch.device("cuda"))
+    assert calls[-1][2] == "gpu"
+    monkeypatch.setitem(sys.modules, "modelscope.pipelines", None)  # not installed
+    with pytest.raises(MissingWeightsError) as err:
+        dpg_score.mplug_vqa(str(tmp_path), torch.device("cpu"))
+    assert "\n" not in str(err.value) and "pip install modelscope" in str(err.value)
