@@ -195,6 +195,7 @@ SCHEMA: dict[str, Spec | ByTarget] = {
     "eval.fid.reference_stats": Str(null="for reference images"),
     "eval.fid.paired": Bool(),
     "eval.fid.transforms": StrList(check=step_error),
+    "eval.fid.package_transforms": StrList(check=step_error, null="for eval.fid.transforms"),
     "eval.fid.feature": Choice(options=(64, 192, 768, 2048)),
     "eval.fid.inception_weights": Str(null=""),
     "eval.fid.cache_dir": Str(),

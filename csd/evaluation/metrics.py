@@ -127,8 +127,10 @@ def _paired_files(ctx: EvalContext, ref: Path) -> list[Path]:
 
 def fid_metric(ctx: EvalContext) -> MetricOutput:
     """FID by each evaluator of ``eval.fid.backends`` (docs/EVALUATION.md#fid-backends), each under its own key of
-    metrics.json (``csd.registry.FID_BACKENDS``) with its jackknife interval; the images' steps ``eval.fid.transforms``
-    are shared. A toy run's features are the toy CLIP's, which only the torchmetrics backend takes."""
+    metrics.json (``csd.registry.FID_BACKENDS``) with its jackknife interval; the images' steps are
+    ``eval.fid.transforms``, for the package backends ``eval.fid.package_transforms`` where set (a protocol that
+    imitates a package's resize in front of torchmetrics leaves it out for the package itself). A toy run's features
+    are the toy CLIP's, which only the torchmetrics backend takes."""
     f = ctx.eval.fid
     if len(ctx.records) < 2:
         raise NotApplicable("FID needs at least 2 generated images")
@@ -155,7 +157,8 @@ def _package_fid(ctx: EvalContext, name: str) -> MetricOutput:
     """FID of the package backend ``name`` (csd.evaluation.fid_backends): the package's resize, network and Fréchet
     distance; the reference's mean and covariance from ``eval.fid.reference_stats`` or the reference images (cached)."""
     f = ctx.eval.fid
-    pre = Preprocess(f.transforms)
+    steps = f.get("package_transforms")
+    pre = Preprocess(f.transforms if steps is None else steps)
     stats = f.get("reference_stats")
     files = None if stats else _reference_files(ctx)  # a missing reference is reported before the network loads
     backend = fid_backends.build(name, f.get("weights_dir"), ctx.device)

@@ -207,3 +207,26 @@ def test_clean_fid_loads_the_local_torchscript_file(tmp_path: Path) -> None:
     backend = fid_backends.build("clean-fid:clean", str(tmp_path), CPU)
     feats = backend.extract(pictures(3, 0), Preprocess(), 8, CPU)
     assert feats.shape == (3, 2048) and np.isfinite(feats).all()
+
+
+def test_package_backends_take_their_own_steps(stand_ins: dict[str, Any], tmp_path: Path) -> None:
+    """``eval.fid.package_transforms`` replaces ``eval.fid.transforms`` for the package backends only (a protocol's
+    imitation of clean-fid's resize stays in front of torchmetrics); null keeps the shared steps."""
+    from csd.evaluation.metrics import fid_metric
+
+    ref = tmp_path / "ref"
+    ref.mkdir()
+    for i, image in enumerate(pictures(8, 0)):
+        image.save(ref / f"{i:02d}.png")
+    eval_cfg = OmegaConf.load(CONF_DIR / "eval" / "default.yaml")
+    eval_cfg.fid.update(backends=["clean-fid:clean"], weights_dir=stand_ins["dir"], paired=False,
+                        reference_dir=str(ref), cache_dir=str(tmp_path / "cache"), transforms=["bilinear:32"])
+    records = [{"prompt_id": f"p{i}", "sample": 0, "meta": {}, "prompt": "x"} for i in range(8)]
+    ctx = SimpleNamespace(eval=eval_cfg, records=records, images=pictures(8, 30), device=CPU, is_toy=False,
+                          run_config=OmegaConf.create({}), info={})
+    shared = fid_metric(ctx)
+    assert shared.protocol["fid_clean"]["transforms"] == Preprocess(["bilinear:32"]).describe()
+    eval_cfg.fid.package_transforms = ["center_crop:24"]
+    own = fid_metric(ctx)
+    assert own.protocol["fid_clean"]["transforms"] == Preprocess(["center_crop:24"]).describe()
+    assert own.metrics["fid_clean"] != pytest.approx(shared.metrics["fid_clean"])
