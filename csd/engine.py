@@ -45,8 +45,8 @@ class Generation:
 
     ``prefill_s`` / ``decode_s`` (device-synchronised seconds) are per-image latencies only at batch 1;
     in a batch images share every forward, so they are None there (``batched``). ``drafter_s``: the part of
-    ``decode_s`` spent in the drafter's step 1 (propose: its own model's forwards, sampling, building the windows), at
-    batch 1 only.
+    ``decode_s`` spent in the drafter's steps 1 and 5 (propose: its own model's forwards, sampling, building the
+    windows; refresh: the next drafts, e.g. Hawk's head forwards), at batch 1 only.
     """
 
     tokens: torch.Tensor
@@ -142,11 +142,11 @@ class JacobiEngine:
     def _iteration(self, state: SlotBatch, slots: list[Slot | None]) -> list[int]:
         """One forward for every image in flight (the numbered steps of the module docstring); returns the slots
         whose image is now complete."""
-        # 1 propose (timed at batch 1 without a host synchronisation: the drafter's share of the latency)
+        # 1 propose (timed at batch 1 without a host synchronisation, as refresh: the drafter's share of the latency)
         span = Span(self.device) if self.batch_size == 1 else None
         proposal = self.drafter.propose(slots)
         if span is not None:
-            slots[0].propose_spans.append(span.stop())
+            slots[0].drafter_spans.append(span.stop())
         # 2 forward
         if self.drafter.reads_features:
             raw, proposal.features = state.forward(proposal.ids, proposal.from_prompt, proposal.active,
@@ -161,7 +161,10 @@ class JacobiEngine:
         # 4 verify (the iteration's one host synchronisation)
         verified = self.drafter.verify(self.rule, slots, proposal, target, target_entropy)
         # 5 refresh
+        span = Span(self.device) if self.batch_size == 1 else None
         self.drafter.refresh(slots, proposal, verified, target)
+        if span is not None:
+            slots[0].drafter_spans.append(span.stop())
         # 6 roll back
         if verified.keep is None:
             state.rollback([proposal.fed - m if active else 0 for m, active in zip(verified.counts, proposal.active, strict=True)])
@@ -198,7 +201,7 @@ class JacobiEngine:
         if self.batch_size == 1:
             t0, t1 = slot.times
             prefill_s, decode_s = t1 - t0, time.perf_counter() - t1
-            drafter_s = sum(span.seconds() for span in slot.propose_spans)
+            drafter_s = sum(span.seconds() for span in slot.drafter_spans)
         return Generation(
             tokens=self.body(slot.body, 0).cpu(),
             nfe=slot.iteration,

@@ -86,7 +86,8 @@ class ImageRecord:
     (COMMIT_* above), ``entropy`` (nats of the processed target distribution it was committed under).
     ``prefill_s``, ``decode_s``, ``latency_s`` are per-image (batch-1) times, null when the image was
     decoded with ``batch_size > 1`` images in flight (run.json then holds the run's throughput); ``drafter_s`` is
-    the part of ``decode_s`` spent in the drafter's propose step (null when batched and in records made before it).
+    the part of ``decode_s`` spent in the drafter's propose and refresh steps (null when batched and in records made
+    before it; records made before 2026-12-03 count the propose step only).
     """
 
     prompt_id: str

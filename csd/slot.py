@@ -32,8 +32,8 @@ class Slot:
     entropy: torch.Tensor
     stats: torch.Tensor
     times: list[float] = field(default_factory=list)
-    #: batch 1: the device time of each iteration's propose step (read when the image finishes)
-    propose_spans: list[Span] = field(default_factory=list)
+    #: batch 1: the device time of each iteration's propose and refresh steps (read when the image finishes)
+    drafter_spans: list[Span] = field(default_factory=list)
     draft: Any = None
     n: int = 0
     iteration: int = 0

@@ -184,3 +184,20 @@ def test_head_forwards_are_counted():
     assert batched.drafter.net.calls <= sum(g.stats["drafter_forwards"] for g in out) <= 3 * batched.drafter.net.calls
     standin = engine_with(adapter, batch_size=1, window=7, width=2, depth=3).generate(PROMPT, 3)
     assert standin.stats["drafter_forwards"] == 0
+
+
+def test_the_heads_time_counts_as_the_drafters():
+    """``drafter_s`` (batch 1) covers the refresh step too, where Hawk's heads run: heads that take 20 ms a call add at
+    least 20 ms per call to it."""
+    import time
+
+    class SlowHeads(RandomHeads):
+        def __call__(self, feature: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
+            time.sleep(0.02)
+            return super().__call__(feature, token)
+
+    adapter = rejecting_janus()
+    engine = engine_with(adapter, batch_size=1, window=7, width=2, depth=3)
+    engine.drafter.use_heads(SlowHeads(raw_vocab(adapter), adapter.layout.grid[1]))
+    gen = engine.generate(PROMPT, 3)
+    assert engine.drafter.net.calls > 0 and gen.drafter_s >= 0.02 * engine.drafter.net.calls
