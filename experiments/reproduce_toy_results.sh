@@ -13,17 +13,23 @@ python run.py experiment=ablation_lambda_delta model=toy dataset=toy dataset.n_p
 # the matched-compression study (docs/EVALUATION.md#matched-compression-study; docs/RESULTS.md "Is entropy the right
 # signal?"): about 50 min on one thread; resumes after an interruption
 python run.py experiment=entropy_study hydra.run.dir=results/entropy_study
-# drafters on the toy (docs/RESULTS.md "Drafters on the toy"): SJD and LANTERN on the shipped EAGLE head, ~35 min
+# drafters on the toy (docs/RESULTS.md "Drafters on the toy"), all at batch 1 on the 400 held-out prompts: SJD and
+# LANTERN on the shipped EAGLE head (~35 min), SJD on the head's static binary tree (~10 min) ...
 python run.py experiment=toy_drafters logger=disabled hydra.sweep.dir=results/toy_drafters
-# ... and SJD on the head's static binary tree (~40 min next to other work), then the report over all five runs
 python run.py experiment=toy_drafters logger=disabled hydra.mode=RUN method=sjd drafter=eagle drafter.window=5 \
   drafter.tree=binary run_dir=results/toy_drafters/4_sjd_tree
-# SSD (lossy; first 64 prompts, batch 16) and Hawk (lossless; 400 prompts, batch 16) on the shipped spatial heads
+# ... SSD (lossy) and Hawk (lossless) on the shipped spatial heads, PJD (c = 4, window 16), VVS's skipping on the
+# head's tree (lossy), then the report over every run of the directory
 for r in 0 1 2; do
-  python run.py experiment=toy_drafters logger=disabled hydra.mode=RUN method=ssd_r$r engine.batch_size=16 threads=1 \
-    dataset.n_prompts=64 run_dir=results/toy_drafters/ssd_r$r
+  python run.py experiment=toy_drafters logger=disabled hydra.mode=RUN method=ssd_r$r run_dir=results/toy_drafters/ssd_r$r
 done
 python run.py experiment=toy_drafters logger=disabled hydra.mode=RUN method=hawk drafter=hawk \
-  drafter.heads=csd/toy/assets/spatial_heads.pt drafter.window=64 drafter.width=2 drafter.depth=5 engine.batch_size=16 \
+  drafter.heads=csd/toy/assets/spatial_heads.pt drafter.window=64 drafter.width=2 drafter.depth=5 \
   run_dir=results/toy_drafters/5_hawk
+python run.py experiment=toy_drafters logger=disabled hydra.mode=RUN method=sjd drafter=pjd drafter.window=16 \
+  drafter.context=4 run_dir=results/toy_drafters/6_pjd
+for s in uniform similarity; do
+  python run.py experiment=toy_drafters logger=disabled hydra.mode=RUN method=sjd drafter=eagle drafter.window=5 \
+    drafter.tree=binary drafter.skip=$s run_dir=results/toy_drafters/7_vvs_$s
+done
 python run.py experiment=toy_drafters logger=disabled hydra.mode=RUN stage=report sweep_dir=results/toy_drafters

@@ -15,7 +15,9 @@ from PIL import Image
 from csd import Decoder
 from csd.decode import RunImages
 from csd.drafters.eagle import EagleDrafter
+from csd.drafters.hawk import HawkDrafter
 from csd.drafters.pjd import PJDDrafter
+from csd.drafters.ssd import SSDDrafter
 from csd.evaluation.toy import scene_checks
 from csd.records import load_records, png_bytes
 from csd.study import Images
@@ -58,19 +60,23 @@ def test_committed_regime_run_reproduces_at_batch_1(run):
     test_committed_toy_run_reproduces(REGIMES / run / "run.json")
 
 
+#: the drafters of the committed toy_drafters runs checked below
+DRAFTERS = {"eagle": EagleDrafter, "hawk": HawkDrafter, "ssd": SSDDrafter}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("run", ["0_sjd", "3_lantern", "4_sjd_tree"])
+@pytest.mark.parametrize("run", ["0_sjd", "3_lantern", "4_sjd_tree", "5_hawk", "ssd_r1", "7_vvs_similarity"])
 def test_committed_drafter_run_reproduces(run):
-    """A run on the toy's shipped EAGLE head (a chain, or its static tree): the drafter's keys go to drafter.*, the
-    rule's to method.*."""
+    """A run on the toy's shipped heads (EAGLE's chain or static tree, VVS's skipping on it; Hawk's and SSD's spatial
+    heads): the drafter's keys go to drafter.*, the rule's to method.*."""
     run_json = RESULTS / "toy_drafters" / run / "run.json"
     info = json.loads(run_json.read_text())
     record = load_records(run_json.parent)[0]
     params = dict(info["method_params"])
-    assert params.pop("drafter") == "eagle"
-    overrides = {f"{'drafter' if k in EagleDrafter.PARAMS else 'method'}.{k}": "null" if v is None else v
+    drafter = params.pop("drafter")
+    overrides = {f"{'drafter' if k in DRAFTERS[drafter].PARAMS else 'method'}.{k}": "null" if v is None else v
                  for k, v in params.items()}
-    dec = Decoder(model="toy", method=info["method"], device="cpu", drafter="eagle", **overrides)
+    dec = Decoder(model="toy", method=info["method"], device="cpu", drafter=drafter, **overrides)
     _, gen = dec.generate(record["prompt"], seed=record["seed"])
     assert gen.tokens.tolist() == record["tokens"]
     assert gen.nfe == record["nfe"]
@@ -93,7 +99,8 @@ def test_committed_results_exist():
     assert len(RUNS) == 12, "run experiments/reproduce_toy_results.sh"
     assert (RESULTS / "toy_paper/report/table_toy.md").exists()
     assert (RESULTS / "ablation_lambda_delta/report/pareto_toy.png").exists()
-    assert len(list(RESULTS.glob("toy_drafters/*/run.json"))) == 5 + 4  # + ssd_r0, ssd_r1, ssd_r2 (64 prompts), 5_hawk
+    # the sweep (4), 4_sjd_tree, ssd_r0..2, 5_hawk, 6_pjd, 7_vvs_uniform, 7_vvs_similarity
+    assert len(list(RESULTS.glob("toy_drafters/*/run.json"))) == 4 + 1 + 3 + 1 + 1 + 2
     assert (STUDY / "study/study.md").exists() and (STUDY / "study/quality_vs_compression.png").exists()
     assert len(list(REGIMES.glob("T*/*/run.json"))) == 3 * 17
     assert (REGIMES / "report/regimes.md").exists() and (REGIMES / "report/regimes.png").exists()
@@ -121,7 +128,7 @@ COMMITTED_PNGS = {
     "toy_paper/9_csd": "8712bf96f78b2e347428abab79ef995a25fc342748d67c1992dc23ca54637a1a",
     "entropy_regimes/T2.4/csd_x1.50": "a3231956f3a5e306c446e22b4defa04e611108d07ebb9f8f565150a3bf754b77",
     "entropy_study/amplify_x1.25": "772ebc49bff11c7c2c9f5a8ffc17a0f3e3d7b96e8386ddb98a2f7e6eb5c6fe1b",
-    "toy_drafters/4_sjd_tree": "284cc0a036f6fa8d5627047ba9cb50656d44616a7f45c75575d047d4369b38c6",
+    "toy_drafters/4_sjd_tree": "ce9d1070a81812cf0fe3efc74f1760657b0c0820b0da6a6a847b00dddc8fd11f",
     "toy_zipar/1_sjd": "8432bead30dba533722d86bb6311644aa4cb51da05a3ea0cc1799907ec0725e2",
 }
 
