@@ -38,6 +38,8 @@ if TYPE_CHECKING:
 #: ``skipped``: drafting rounds committed without a target forward of their own (``drafter.skip``, VVS; else 0)
 STAT_KEYS = ("drafts_proposed", "drafts_verified", "drafts_accepted", "relaxed_accepts", "filter_checks", "filter_passes",
              "residual_fallbacks", "drafter_forwards", "skipped")
+#: the column of ``drafter_forwards`` in a verified iteration's ``stats``
+FORWARDS = STAT_KEYS.index("drafter_forwards")
 
 
 class BodyIds:

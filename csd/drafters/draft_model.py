@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from csd.acceptance import AcceptanceRule
 from csd.adapters.base import ModelAdapter
 from csd.device import to_device
-from csd.drafters.base import STAT_KEYS, BodyIds, Drafter, Proposal, Verified
+from csd.drafters.base import FORWARDS, BodyIds, Drafter, Proposal, Verified
 from csd.drafters.chain import ChainWindow, chain_proposal, verify_chains
 from csd.params import Param
 from csd.presets import choices
@@ -33,8 +33,6 @@ from csd.verify import exponential_noise, sample_race
 
 if TYPE_CHECKING:
     from csd.slot import Slot
-
-FORWARDS = STAT_KEYS.index("drafter_forwards")
 
 
 def mismatch(draft: ModelAdapter, target: ModelAdapter) -> str | None:

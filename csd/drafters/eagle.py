@@ -44,7 +44,7 @@ from csd.acceptance import AcceptanceRule
 from csd.adapters.base import ModelAdapter
 from csd.cache import RaggedCache
 from csd.device import to_device
-from csd.drafters.base import STAT_KEYS, BodyIds, Proposal, Verified, features_problem
+from csd.drafters.base import FORWARDS, STAT_KEYS, BodyIds, Proposal, Verified, features_problem
 from csd.drafters.chain import ChainDrafter, ChainHead, ChainWindow, verify_chain_batch
 from csd.drafters.lantern_head import PromptPairs, is_lantern, lantern_kind, lantern_parts, target_problem
 from csd.drafters.skip import (
@@ -442,7 +442,7 @@ class EagleDrafter(ChainDrafter):
         else:
             (slot,), (w,) = slots, proposal.windows
             verified = verify_tree_window(self, rule, slot, w, target[0], target_entropy[0])
-        verified.stats[:, STAT_KEYS.index("drafter_forwards")] += to_device(self.forwards, self.device)
+        verified.stats[:, FORWARDS] += to_device(self.forwards, self.device)
         if any(skipped):
             verified.stats[:, SKIPPED] += to_device([int(s > 0) for s in skipped], self.device)
         return verified

@@ -49,7 +49,7 @@ import torch.nn.functional as F
 from csd.acceptance import AcceptanceRule
 from csd.adapters.base import BodyLayout, ModelAdapter
 from csd.device import to_device
-from csd.drafters.base import STAT_KEYS, BodyIds, Drafter, Proposal, Verified, features_problem
+from csd.drafters.base import FORWARDS, BodyIds, Drafter, Proposal, Verified, features_problem
 from csd.drafters.tree_window import TreeOutcome, TreeWindow, tree_grid, verify_tree_windows
 from csd.keys import HAWK_DRAWS
 from csd.params import Param
@@ -60,9 +60,6 @@ from csd.verify import exponential_noise, sample_race
 
 if TYPE_CHECKING:
     from csd.slot import Slot
-
-#: the counter of the heads' forwards in a verified iteration's stats
-FORWARDS = STAT_KEYS.index("drafter_forwards")
 
 HEADS_HINT = "train them with `python -m experiments.train_drafter --kind spatial` (docs/ALGORITHMS.md \"Hawk\")"
 
