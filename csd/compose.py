@@ -107,10 +107,10 @@ def adapter_class(model: DictConfig) -> type[ModelAdapter]:
 
 
 def loader_params(model: DictConfig) -> dict[str, Any]:
-    """The keyword arguments of the model's loader (``model._target_``): its config values but the name and what
-    :func:`build_adapter` applies itself."""
+    """The keyword arguments of the model's loader (``model._target_``): its config values but the name, the
+    evaluation's ``reference_render`` and what :func:`build_adapter` applies itself."""
     params = {k: v for k, v in OmegaConf.to_container(model, resolve=True).items()
-              if k not in ("name", "_target_", "entropy_temperature")}
+              if k not in ("name", "_target_", "entropy_temperature", "reference_render")}
     params["top_k"] = params.get("top_k") or 0
     return params
 

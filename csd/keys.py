@@ -133,6 +133,7 @@ SCHEMA: dict[str, Spec | ByTarget] = {
     "model.grid": ByTarget(IntList(length=2, min=1), {"csd.adapters.janus.tiny_janus_adapter": Int(min=1),
                                                       "csd.adapters.llamagen.tiny_llamagen_adapter": Int(min=1)}),
     "model.codebook": Int(min=1),
+    "model.reference_render": Str(),
     "model.codes": Int(min=1),
     "model.seed": Int(min=0),
     "model.head_scale": Float(gt=0),

@@ -8,7 +8,15 @@ Usage, from the repository root (about 3 h on 2 CPU cores: LM 175 min, CLIP 12, 
 Stages can be run one at a time (``--stages tokenizer lm clip eval``); each reads what earlier
 stages wrote to ``--out`` (default ``csd/toy/assets``). The LM trains in ``--phases`` (each with its
 own warm-up and cosine decay, continuing the previous one); ``--init-lm DIR`` continues a checkpoint
-(its phases are appended to the loss log); ``--save-every N`` snapshots the LM.
+(its phases are appended to the loss log, or start one); ``--save-every N`` snapshots the LM and the training state,
+which ``--resume`` continues exactly where it stopped (model, optimiser, schedule, data stream, loss log).
+
+``--style textured`` trains on the textured domain (``csd.toy.domain.STYLES``); the second embedded model,
+``model=toy_textured``, is the shipped LM continued on it (csd/toy/MODEL_CARD.md)::
+
+    HF_HUB_OFFLINE=1 python -m experiments.train_toy --stages lm eval --style textured --init-lm csd/toy/assets/lm \
+        --out csd/toy/assets/textured --log results/toy_textured_training_log.csv \
+        --phases 3000:5e-4:0.15/0.2/0.5/0.15 --save-every 250 --threads 2
 """
 
 from __future__ import annotations
@@ -32,8 +40,8 @@ import torch
 import torch.nn.functional as F
 
 from csd.adapters.toy import DEFAULT_GUIDANCE
-from csd.toy import ASSETS
-from csd.toy.domain import SCENE_KIND_PROBS, render_batch, sample_spec, training_stream
+from csd.toy import ASSETS, TOKENIZER_FILE
+from csd.toy.domain import SCENE_KIND_PROBS, STYLES, render_batch, sample_spec, training_stream
 from csd.toy.model import IMAGE_TOKENS, ROPE_THETA, toy_lm_config
 from csd.toy.tokenizer import PatchTokenizer
 from csd.toy.vocab import N_TEXT, PROMPT_LEN, encode_caption
@@ -90,10 +98,16 @@ def parse_phase(spec: str) -> tuple[int, float, tuple[float, ...]]:
     return int(parts[0]), float(parts[1]), mix
 
 
+STATE_FILE = "train_state.pt"
+
+
 def train_phase(model: torch.nn.Module, args: argparse.Namespace, tokenizer: PatchTokenizer, phase: int,
-                spec: str, log: TextIO) -> None:
+                spec: str, log: TextIO, resume: dict | None = None) -> None:
     """One phase (``spec``, see :func:`parse_phase`): AdamW, 5 % linear warm-up then cosine decay to 5 % of the
-    peak lr, on fresh scenes (a new data stream per phase, caption kinds drawn with the phase's mix)."""
+    peak lr, on fresh scenes (a new data stream per phase, caption kinds drawn with the phase's mix).
+
+    ``resume`` (a saved :data:`STATE_FILE` of this phase) continues after its step: the optimiser, schedule,
+    caption-dropout generator and torch RNG are restored and the data stream skips the batches already used."""
     steps, lr, mix = parse_phase(spec)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.05)
     warmup = max(1, steps // 20)
@@ -101,11 +115,20 @@ def train_phase(model: torch.nn.Module, args: argparse.Namespace, tokenizer: Pat
         opt, lambda s: min((s + 1) / warmup, 0.5 * (1 + math.cos(math.pi * min(s / steps, 1.0))) * 0.95 + 0.05)
     )
     rng = np.random.default_rng([args.seed, 2, phase])
-    stream = training_stream(args.seed + phase - 1, args.batch, mix)
+    stream = training_stream(args.seed + phase - 1, args.batch, mix, args.style)
     writer = csv.writer(log)
-    start, smooth = time.time(), None
+    start, smooth, done, elapsed_before = time.time(), None, 0, 0.0
+    if resume is not None:
+        opt.load_state_dict(resume["optimizer"])
+        sched.load_state_dict(resume["scheduler"])
+        rng.bit_generator.state = resume["dropout_rng"]
+        torch.set_rng_state(resume["torch_rng"])
+        done, smooth, elapsed_before = resume["step"], resume["loss_ema"], resume["elapsed_s"]
+        for _ in range(done):
+            next(stream)
+        print(f"[lm] phase {phase}: resumed after step {done}/{steps}", flush=True)
     loss_fn = torch.compile(image_loss) if args.compile else image_loss
-    for step in range(1, steps + 1):
+    for step in range(done + 1, steps + 1):
         specs, images = next(stream)
         ids = lm_batch(specs, images, tokenizer, args.caption_dropout, rng).to(args.device)
         loss = loss_fn(model, ids)
@@ -116,14 +139,20 @@ def train_phase(model: torch.nn.Module, args: argparse.Namespace, tokenizer: Pat
         sched.step()
         smooth = loss.item() if smooth is None else 0.95 * smooth + 0.05 * loss.item()
         if step % args.log_every == 0 or step == steps:
-            elapsed = time.time() - start
+            elapsed = elapsed_before + time.time() - start
             writer.writerow([phase, step, f"{loss.item():.4f}", f"{smooth:.4f}", f"{sched.get_last_lr()[0]:.2e}",
                              f"{elapsed:.0f}"])
             log.flush()
             print(f"[lm] phase {phase} step {step}/{steps} loss {loss.item():.4f} (ema {smooth:.4f}) "
-                  f"{elapsed / step:.2f}s/step", flush=True)
-        if args.save_every and step % args.save_every == 0:
-            model.save_pretrained(args.out / "lm")  # snapshot for inspection (no optimizer state)
+                  f"{(time.time() - start) / (step - done):.2f}s/step", flush=True)
+        if args.save_every and step % args.save_every == 0 and step < steps:
+            model.save_pretrained(args.out / "lm")  # the snapshot, then the state that continues it (--resume)
+            torch.save({"phase": phase, "step": step, "model": model.state_dict(), "optimizer": opt.state_dict(),
+                        "scheduler": sched.state_dict(), "dropout_rng": rng.bit_generator.state,
+                        "torch_rng": torch.get_rng_state(), "loss_ema": smooth,
+                        "elapsed_s": elapsed_before + time.time() - start, "log_bytes": log.tell(),
+                        "first_phase": args.first_phase},
+                       args.out / STATE_FILE)
 
 
 def train_lm(args: argparse.Namespace, tokenizer: PatchTokenizer) -> None:
@@ -136,19 +165,33 @@ def train_lm(args: argparse.Namespace, tokenizer: PatchTokenizer) -> None:
     else:
         model = LlamaForCausalLM(toy_lm_config(tokenizer.vocab_size, args.hidden, args.layers, args.heads,
                                                  args.rope_theta))
-    model.to(args.device)
-    print(f"[lm] {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, batch {args.batch}", flush=True)
     log_path = args.log
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    # continuing a checkpoint appends its phases to the existing log
-    first = int(log_path.read_text().strip().splitlines()[-1].split(",")[0]) + 1 if args.init_lm else 1
+    if args.resume and not (args.out / STATE_FILE).exists():
+        raise SystemExit(f"--resume: no {args.out / STATE_FILE} (written every --save-every steps); run without --resume")
+    state = torch.load(args.out / STATE_FILE, weights_only=False) if args.resume else None
+    if state is not None:
+        model.load_state_dict(state["model"])
+        with open(log_path, "r+") as log:  # drop the rows logged after the saved step
+            log.truncate(state["log_bytes"])
+    model.to(args.device)
+    print(f"[lm] {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, batch {args.batch}", flush=True)
+    # continuing a checkpoint appends its phases to an existing log (a resumed run, to its own)
+    appended = args.init_lm is not None and log_path.exists()
+    first = int(log_path.read_text().strip().splitlines()[-1].split(",")[0]) + 1 if appended else 1
+    if state is not None:
+        first = state["first_phase"]
     start = time.time()
-    with open(log_path, "a" if args.init_lm else "w", newline="") as log:
-        if not args.init_lm:
+    with open(log_path, "a" if appended or state is not None else "w", newline="") as log:
+        if not appended and state is None:
             csv.writer(log).writerow(["phase", "step", "loss", "loss_ema", "lr", "elapsed_s"])
+        args.first_phase = first
         for phase, spec in enumerate(args.phases.split(","), start=first):
-            train_phase(model, args, tokenizer, phase, spec, log)
+            if state is not None and phase < state["phase"]:
+                continue
+            train_phase(model, args, tokenizer, phase, spec, log, state if state and phase == state["phase"] else None)
     model.save_pretrained(args.out / "lm")
+    (args.out / STATE_FILE).unlink(missing_ok=True)  # finished: nothing left to resume
     print(f"[lm] saved to {args.out / 'lm'} after {time.time() - start:.0f}s", flush=True)
 
 
@@ -278,7 +321,7 @@ def evaluate(args: argparse.Namespace, tokenizer: PatchTokenizer) -> None:
 
     metrics: dict = {}
     prompts = heldout_prompts(args.eval_prompts)
-    real = np.stack([heldout_scene(p)[0] for p in heldout_prompts(256)])
+    real = np.stack([heldout_scene(p, args.style)[0] for p in heldout_prompts(256)])
     recon = tokenizer.decode(tokenizer.encode(real)).numpy()
     noise = tokenizer.decode(torch.randint(0, tokenizer.vocab_size, (256, IMAGE_TOKENS),
                                            generator=torch.Generator().manual_seed(args.seed))).numpy()
@@ -317,7 +360,8 @@ def evaluate(args: argparse.Namespace, tokenizer: PatchTokenizer) -> None:
     print(f"[eval] guidance {args.guidance}: AR pass rate {np.mean(per_seed):.3f} per seed {per_seed}; "
           f"all-seeds-distinct {distinct:.2f}; CLIP score {matched:.1f} (shuffled {shuffled:.1f}); "
           f"passed by caption kind {metrics['ar_passed_by_caption_kind']}", flush=True)
-    save_grid(samples_arr[:8], captions[:8], REPO / "results" / "toy_samples_ar.png")
+    grid = "toy_samples_ar.png" if args.style == "clean" else f"toy_{args.style}_samples_ar.png"
+    save_grid(samples_arr[:8], captions[:8], REPO / "results" / grid)
     (args.out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
 
 
@@ -344,7 +388,11 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--compile", action="store_true", help="torch.compile the LM loss (about 1.15x per step on 2 CPU cores)")
     p.add_argument("--init-lm", type=Path, default=None,
-                   help="continue training this checkpoint (the log is appended to)")
+                   help="continue training this checkpoint (the log is appended to, or started)")
+    p.add_argument("--resume", action="store_true",
+                   help=f"continue an interrupted run from --out's {STATE_FILE} (written every --save-every steps)")
+    p.add_argument("--style", choices=STYLES, default="clean",
+                   help="the domain's style (textured: model=toy_textured's backgrounds)")
     p.add_argument("--caption-dropout", type=float, default=0.1)
     p.add_argument("--clip-steps", type=int, default=500)
     p.add_argument("--clip-batch", type=int, default=96)
@@ -369,8 +417,9 @@ def main() -> None:
     args = parse_args()
     torch.set_num_threads(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
+    own = args.out / "tokenizer.safetensors"  # --out's tokenizer, else the shipped one (the textured toy shares it)
     tokenizer = fit_tokenizer(args) if "tokenizer" in args.stages else PatchTokenizer.load(
-        args.out / "tokenizer.safetensors")
+        own if own.exists() else TOKENIZER_FILE)
     if "lm" in args.stages:
         train_lm(args, tokenizer)
     if "clip" in args.stages:

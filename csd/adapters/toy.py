@@ -13,7 +13,7 @@ from transformers import LlamaForCausalLM, LlamaModel
 from csd.adapters.base import BodyLayout, ModelAdapter, SamplingConfig
 from csd.cache import RaggedCache
 from csd.errors import MissingWeightsError
-from csd.toy import EAGLE_HEAD_FILE, LM_DIR, SPATIAL_HEADS_FILE, TOKENIZER_FILE
+from csd.toy import EAGLE_HEAD_FILE, LM_DIR, SPATIAL_HEADS_FILE, TEXTURED_DIR, TEXTURED_LM_DIR, TOKENIZER_FILE
 from csd.toy.model import load_toy_lm
 from csd.toy.tokenizer import GRID, PatchTokenizer
 from csd.toy.vocab import N_TEXT, READS, caption_problem, encode_caption
@@ -34,6 +34,9 @@ class ToyAdapter(ModelAdapter):
     @classmethod
     def caption_problem(cls, caption: str) -> str | None:
         return caption_problem(caption)
+
+    name = "toy"
+    checkpoint = LM_DIR
 
     def __init__(self, lm: LlamaForCausalLM, tokenizer: PatchTokenizer, sampling: SamplingConfig,
                  device: str | torch.device = "cpu") -> None:
@@ -85,22 +88,44 @@ class ToyAdapter(ModelAdapter):
         return self.tokenizer.centroids
 
     def describe(self) -> dict:
-        return {**super().describe(), "model": "toy", "checkpoint": str(LM_DIR)}
+        return {**super().describe(), "model": self.name, "checkpoint": str(self.checkpoint)}
+
+
+class TexturedToyAdapter(ToyAdapter):
+    """The second embedded model (``model=toy_textured``): the toy LM continued on the textured domain
+    (``csd/toy/MODEL_CARD.md``); no draft heads are trained for it yet."""
+
+    name = "toy_textured"
+    checkpoint = TEXTURED_LM_DIR
+    eagle_head = TEXTURED_DIR / "eagle_head.pt"
+    spatial_heads = TEXTURED_DIR / "spatial_heads.pt"
+
+
+def _load(cls: type[ToyAdapter], remake: str, guidance_scale: float, top_k: int | None, temperature: float,
+          device: str, dtype: str) -> ToyAdapter:
+    lm_dir = cls.checkpoint
+    missing = [p for p in (TOKENIZER_FILE, lm_dir / "config.json", lm_dir / "model.safetensors") if not p.exists()]
+    if missing:
+        raise MissingWeightsError(f"{cls.name} model files missing: {', '.join(map(str, missing))}; recreate them with "
+                                  f"{remake}")
+    lm = load_toy_lm(lm_dir, dtype=getattr(torch, dtype))
+    sampling = SamplingConfig(guidance_scale=guidance_scale, top_k=top_k or 0, temperature=temperature)
+    return cls(lm, PatchTokenizer.load(TOKENIZER_FILE), sampling, device)
 
 
 def load_toy_adapter(guidance_scale: float = DEFAULT_GUIDANCE, top_k: int | None = 0, temperature: float = 1.0,
                      device: str = "cpu", dtype: str = "float32") -> ToyAdapter:
     """The shipped toy model (``csd/toy/assets``) behind the :class:`ModelAdapter` interface (``top_k`` 0 or None:
     no top-k)."""
-    missing = [p for p in (TOKENIZER_FILE, LM_DIR / "config.json", LM_DIR / "model.safetensors") if not p.exists()]
-    if missing:
-        raise MissingWeightsError(
-            f"toy model files missing: {', '.join(map(str, missing))}; "
-            "recreate them with `python -m experiments.train_toy` (about 3 hours on 2 CPU cores, or `--device cuda`)"
-        )
-    lm = load_toy_lm(LM_DIR, dtype=getattr(torch, dtype))
-    sampling = SamplingConfig(guidance_scale=guidance_scale, top_k=top_k or 0, temperature=temperature)
-    return ToyAdapter(lm, PatchTokenizer.load(TOKENIZER_FILE), sampling, device)
+    return _load(ToyAdapter, "`python -m experiments.train_toy` (about 3 hours on 2 CPU cores, or `--device cuda`)",
+                 guidance_scale, top_k, temperature, device, dtype)
+
+
+def load_toy_textured_adapter(guidance_scale: float = DEFAULT_GUIDANCE, top_k: int | None = 0,
+                              temperature: float = 1.0, device: str = "cpu", dtype: str = "float32") -> TexturedToyAdapter:
+    """The textured toy (``csd/toy/assets/textured``), as :func:`load_toy_adapter`."""
+    return _load(TexturedToyAdapter, "the textured recipe of `python -m experiments.train_toy` (csd/toy/MODEL_CARD.md)",
+                 guidance_scale, top_k, temperature, device, dtype)
 
 
 def load_toy_draft_adapter(layers: int = 1, guidance_scale: float = DEFAULT_GUIDANCE, top_k: int | None = 0,

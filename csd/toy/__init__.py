@@ -13,3 +13,7 @@ CLIP_DIR = ASSETS / "clip"
 EAGLE_HEAD_FILE = ASSETS / "eagle_head.pt"
 #: the SSD spatial heads trained on the toy LM (python -m experiments.train_drafter --kind spatial; drafter=ssd)
 SPATIAL_HEADS_FILE = ASSETS / "spatial_heads.pt"
+#: the second embedded model (model=toy_textured): the toy LM continued on the textured style of the domain
+#: (csd.toy.domain.STYLES); it shares the tokenizer, the CLIP and the scene checker
+TEXTURED_DIR = ASSETS / "textured"
+TEXTURED_LM_DIR = TEXTURED_DIR / "lm"

@@ -5,12 +5,18 @@ background pattern); :func:`render_scene` draws one random layout of it at 32x32
 ground-truth per-pixel object map too. Everything is deterministic given a ``numpy`` generator, so
 the training stream (:func:`training_stream`) and the held-out prompts (:func:`heldout_prompts`) are
 reproducible.
+
+Two styles share captions, objects and the scene checker: ``clean`` (the embedded toy's) and ``textured``
+(``model=toy_textured``), whose background cells are each drawn at random from the tokenizer's neutral patch
+codes around the clean pattern (:func:`texture_law`): free where the caption leaves the image free, decided
+where it asks for an object.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -51,6 +57,15 @@ RELATION_MARGIN = 4
 #: joined by "and" (the held-out prompts use these; training may reweight them, ``experiments/train_toy.py``)
 SCENE_KIND_PROBS = (0.3, 0.25, 0.35, 0.1)
 HELDOUT_SEED = 20260611
+STYLES = ("clean", "textured")
+#: Boltzmann temperature (grey levels, RMS over a 2x2 patch) of the textured style's background cells, per
+#: background: noise and checks take the most (toy-CLIP keeps reading them as such), plain the least; chosen for a
+#: mean cell entropy near 0.3 of log V at the smallest loss of toy-CLIP score (docs/RESULTS.md, "A second toy")
+TEXTURE_TEMPERATURE = {"plain": 7.0, "gradient": 9.0, "striped": 8.0, "checkered": 14.0, "noisy": 40.0}
+#: a codebook entry is a neutral (background) pattern when every pixel's channels differ by less than this ...
+NEUTRAL_SATURATION = 40.0
+#: ... and every pixel lies this far (RGB distance) from every object colour
+NEUTRAL_DISTANCE = 100.0
 #: prompts of a toy split (ids of four digits: toy-0000 .. toy-9999); a scene is drawn per index, so any count could
 #: be built, but ten thousand already take about a second and more would only repeat the finite caption space
 SPLIT_SIZE = 10_000
@@ -191,6 +206,50 @@ def _background(name: str, rng: np.random.Generator) -> np.ndarray:
     return np.where(mask[..., None], a, b)
 
 
+@lru_cache(maxsize=1)
+def neutral_patterns() -> np.ndarray:
+    """The shipped tokenizer's neutral patch codes as ``[n, 12]`` float patterns (2x2 pixels x RGB, raster order):
+    the cells a textured background is drawn from, so its background cells encode exactly (29 of 256 codes)."""
+    from csd.toy import TOKENIZER_FILE
+    from csd.toy.tokenizer import PatchTokenizer
+
+    centroids = PatchTokenizer.load(TOKENIZER_FILE).centroids.numpy().astype(np.float64)
+    pixels = centroids.reshape(len(centroids), -1, 3)
+    palette = np.array(list(COLOURS.values()), dtype=np.float64)
+    saturation = (pixels.max(-1) - pixels.min(-1)).max(-1)
+    distance = np.linalg.norm(pixels[:, :, None, :] - palette, axis=-1).min((1, 2))
+    return centroids[(saturation < NEUTRAL_SATURATION) & (distance > NEUTRAL_DISTANCE)]
+
+
+def _cells(image: np.ndarray) -> np.ndarray:
+    """``[32, 32, C]`` -> ``[256, 4 C]``: the 2x2 patches of the tokenizer's grid, raster order."""
+    g = IMAGE_SIZE // 2
+    return image.reshape(g, 2, g, 2, -1).transpose(0, 2, 1, 3, 4).reshape(g * g, -1)
+
+
+def _uncells(cells: np.ndarray) -> np.ndarray:
+    g = IMAGE_SIZE // 2
+    return cells.reshape(g, g, 2, 2, 3).transpose(0, 2, 1, 3, 4).reshape(IMAGE_SIZE, IMAGE_SIZE, 3)
+
+
+def texture_law(clean: np.ndarray, background: str) -> np.ndarray:
+    """The textured style's law of each background cell given the clean background ``[32, 32, 3]``: ``[256, n]``
+    probabilities over :func:`neutral_patterns`, ``p(g | cell) ∝ exp(-RMS(g - cell) / T)`` with ``T =
+    TEXTURE_TEMPERATURE[background]`` (RMS over the cell's 12 values)."""
+    patterns = neutral_patterns()
+    rms = np.sqrt(((_cells(clean)[:, None, :] - patterns[None]) ** 2).mean(-1))
+    logits = -rms / TEXTURE_TEMPERATURE[background]
+    weights = np.exp(logits - logits.max(1, keepdims=True))
+    return weights / weights.sum(1, keepdims=True)
+
+
+def _texture(clean: np.ndarray, background: str, rng: np.random.Generator) -> np.ndarray:
+    """One draw of every cell from :func:`texture_law` (inverse CDF, one uniform per cell)."""
+    law = texture_law(clean, background)
+    index = np.minimum((law.cumsum(1) < rng.random((len(law), 1))).sum(1), law.shape[1] - 1)
+    return _uncells(neutral_patterns()[index])
+
+
 def _shape_mask(shape: str, x: int, y: int, s: int) -> np.ndarray:
     """Pixels whose centres fall inside the shape drawn in the box ``[x, x+s) x [y, y+s)``."""
     py, px = np.mgrid[0:IMAGE_SIZE, 0:IMAGE_SIZE] + 0.5
@@ -235,9 +294,14 @@ def _relation_holds(relation: str | None, boxes: list[tuple[int, int, int]], gro
     return min(first) >= max(second) + margin
 
 
-def render_scene(spec: SceneSpec, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """Draw one layout of ``spec``: uint8 image ``[32, 32, 3]`` and layout ``[32, 32]`` (0 = background, k = object k)."""
+def render_scene(spec: SceneSpec, rng: np.random.Generator, style: str = "clean") -> tuple[np.ndarray, np.ndarray]:
+    """Draw one layout of ``spec`` in ``style`` (:data:`STYLES`): uint8 image ``[32, 32, 3]`` and layout ``[32, 32]``
+    (0 = background, k = object k)."""
+    if style not in STYLES:
+        raise ValueError(f"style={style!r}: the toy domain has styles {', '.join(STYLES)}")
     image = _background(spec.background, rng)
+    if style == "textured":
+        image = _texture(image, spec.background, rng)
     layout = np.zeros((IMAGE_SIZE, IMAGE_SIZE), dtype=np.int64)
     objects = [g for g in spec.groups for _ in range(g.count)]
     for k, (group, (x, y, s)) in enumerate(zip(objects, _place(spec, rng), strict=True), start=1):
@@ -247,18 +311,18 @@ def render_scene(spec: SceneSpec, rng: np.random.Generator) -> tuple[np.ndarray,
     return np.clip(np.round(image), 0, 255).astype(np.uint8), layout
 
 
-def render_batch(specs: list[SceneSpec], rng: np.random.Generator) -> np.ndarray:
+def render_batch(specs: list[SceneSpec], rng: np.random.Generator, style: str = "clean") -> np.ndarray:
     """Images ``[B, 32, 32, 3]`` uint8 of ``specs`` (one random layout each)."""
-    return np.stack([render_scene(s, rng)[0] for s in specs])
+    return np.stack([render_scene(s, rng, style)[0] for s in specs])
 
 
-def training_stream(seed: int = TRAIN_SEED, batch_size: int = 32,
-                    kind_probs: tuple[float, ...] = SCENE_KIND_PROBS) -> Iterator[tuple[list[SceneSpec], np.ndarray]]:
+def training_stream(seed: int = TRAIN_SEED, batch_size: int = 32, kind_probs: tuple[float, ...] = SCENE_KIND_PROBS,
+                    style: str = "clean") -> Iterator[tuple[list[SceneSpec], np.ndarray]]:
     """Endless batches ``(specs, images)`` of fresh random scenes (caption kinds drawn with ``kind_probs``)."""
     rng = np.random.default_rng([seed, 0])
     while True:
         specs = [sample_spec(rng, kind_probs) for _ in range(batch_size)]
-        yield specs, render_batch(specs, rng)
+        yield specs, render_batch(specs, rng, style)
 
 
 def _split_prompts(n: int, seed: int, prefix: str) -> list[Prompt]:
@@ -274,9 +338,14 @@ def heldout_prompts(n: int = 256) -> list[Prompt]:
     return _split_prompts(n, HELDOUT_SEED, "toy")
 
 
-def heldout_scene(prompt: Prompt) -> tuple[np.ndarray, np.ndarray]:
+def heldout_scene(prompt: Prompt, style: str = "clean") -> tuple[np.ndarray, np.ndarray]:
     """The reference rendering (image, layout) of a held-out prompt."""
-    return render_scene(SceneSpec.from_meta(prompt.meta), np.random.default_rng(prompt.meta["render_seed"]))
+    return render_scene(SceneSpec.from_meta(prompt.meta), np.random.default_rng(prompt.meta["render_seed"]), style)
+
+
+def heldout_scene_textured(prompt: Prompt) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`heldout_scene` in the textured style: ``model=toy_textured``'s FID reference (``eval.toy.render``)."""
+    return heldout_scene(prompt, "textured")
 
 
 def toy_prompts(n_prompts: int | None = None, split: str = "heldout") -> list[Prompt]:

@@ -182,9 +182,13 @@ def test_cfg_rows_are_cond_then_null_caption(adapter_cfg) -> None:
 def test_missing_weights_error(monkeypatch, tmp_path) -> None:
     import csd.adapters.toy as toy_adapter
 
-    monkeypatch.setattr(toy_adapter, "LM_DIR", tmp_path / "lm")
+    monkeypatch.setattr(toy_adapter.ToyAdapter, "checkpoint", tmp_path / "lm")
     with pytest.raises(MissingWeightsError, match="python -m experiments.train_toy"):
         toy_adapter.load_toy_adapter()
+    monkeypatch.setattr(toy_adapter.TexturedToyAdapter, "checkpoint", tmp_path / "textured")
+    with pytest.raises(MissingWeightsError, match=r"toy_textured model files missing: .*textured/config.json.*"
+                                                  r"the textured recipe of `python -m experiments.train_toy`"):
+        toy_adapter.load_toy_textured_adapter()
 
 
 def test_clip_loads_through_open_clip(tokenizer: PatchTokenizer, heldout_images) -> None:

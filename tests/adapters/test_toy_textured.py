@@ -1,0 +1,184 @@
+"""The textured style of the toy domain (model=toy_textured's data) and train_toy.py's resumable training."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from csd.toy.checker import check_image
+from csd.toy.domain import (
+    TEXTURE_TEMPERATURE,
+    SceneSpec,
+    _background,
+    _cells,
+    _texture,
+    heldout_prompts,
+    heldout_scene,
+    heldout_scene_textured,
+    neutral_patterns,
+    render_scene,
+    texture_law,
+)
+from csd.toy.tokenizer import PatchTokenizer
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> PatchTokenizer:
+    from csd.toy import TOKENIZER_FILE
+
+    return PatchTokenizer.load(TOKENIZER_FILE)
+
+
+def test_neutral_patterns_are_the_codebooks_background_codes(tokenizer) -> None:
+    patterns = neutral_patterns()
+    assert patterns.shape == (29, 12)
+    tiles = torch.from_numpy(patterns).float().reshape(-1, 2, 2, 3).repeat(1, 16, 16, 1)  # each pattern, everywhere
+    codes = tokenizer.encode(tiles)
+    # every pattern is a codebook entry: tiling it encodes to one code everywhere, decoding gives it back
+    assert (codes == codes[:, :1]).all()
+    assert np.allclose(tokenizer.centroids[codes[:, 0]].numpy(), patterns, atol=1e-4)
+
+
+def test_texture_law_is_a_boltzmann_law_around_the_clean_cell() -> None:
+    rng = np.random.default_rng(0)
+    clean = _background("striped", rng)
+    law = texture_law(clean, "striped")
+    assert law.shape == (256, len(neutral_patterns())) and np.allclose(law.sum(1), 1.0)
+    rms = np.sqrt(((_cells(clean)[:, None, :] - neutral_patterns()[None]) ** 2).mean(-1))
+    # log-odds of any two patterns are their RMS distances' difference over T
+    t = TEXTURE_TEMPERATURE["striped"]
+    assert np.allclose(np.log(law[:, 3] / law[:, 7]), (rms[:, 7] - rms[:, 3]) / t, atol=1e-6)
+    assert (law.argmax(1) == rms.argmin(1)).all()  # the nearest pattern is the likeliest
+
+
+def test_texture_draws_follow_the_law() -> None:
+    """Frequencies of one cell's pattern over 3000 draws match its law (each within 4.5 standard errors); a draw from
+    the law of another background (negative control) does not."""
+    clean = _background("plain", np.random.default_rng(1))
+    law = texture_law(clean, "plain")[0]
+    other = texture_law(clean, "noisy")[0]
+    patterns = neutral_patterns()
+    n = 3000
+    first = np.stack([_cells(_texture(clean, "plain", np.random.default_rng([5, i])))[0] for i in range(n)])
+    index = np.abs(first[:, None, :] - patterns[None]).sum(-1).argmin(1)
+    freq = np.bincount(index, minlength=len(patterns)) / n
+    se = np.sqrt(law * (1 - law) / n) + 1e-3
+    assert (np.abs(freq - law) < 4.5 * se).all()
+    assert (np.abs(freq - other) > 4.5 * (np.sqrt(other * (1 - other) / n) + 1e-3)).any()
+
+
+def test_textured_references_keep_the_scene_and_randomise_only_the_background(tokenizer) -> None:
+    prompts = heldout_prompts(64)
+    passed = []
+    for p in prompts:
+        image, layout = heldout_scene_textured(p)
+        clean_image, clean_layout = heldout_scene(p)
+        assert image.dtype == np.uint8 and image.shape == (32, 32, 3)
+        background = _cells(layout[..., None]).max(1) == 0
+        # background cells are neutral codebook patterns, so they encode exactly
+        recon = tokenizer.decode(tokenizer.encode(image[None]))[0].numpy()
+        assert np.abs(_cells(recon)[background].astype(int) - _cells(image)[background]).max() <= 1
+        # objects are drawn exactly as in the clean style (same shapes, same colours)
+        assert len(np.unique(layout)) == len(np.unique(clean_layout))
+        passed.append(check_image(recon, p.meta)["overall"])
+    assert np.mean(passed) >= 0.97
+    assert np.array_equal(heldout_scene(prompts[0])[0], render_scene(SceneSpec.from_meta(prompts[0].meta),
+                                                                     np.random.default_rng(prompts[0].meta["render_seed"]))[0])
+
+
+def test_textured_body_entropy_is_near_three_tenths_of_log_v() -> None:
+    """The chosen temperatures: the law's mean entropy over the body (object cells count 0) is 0.285 of log V on the
+    first 400 held-out prompts (csd/toy/MODEL_CARD.md); 64 prompts land near it."""
+    values = []
+    for p in heldout_prompts(64):
+        spec = SceneSpec.from_meta(p.meta)
+        rng = np.random.default_rng(p.meta["render_seed"])
+        law = texture_law(_background(spec.background, rng), spec.background)
+        layout = heldout_scene_textured(p)[1]
+        entropy = -(law * np.log(law)).sum(1) * (_cells(layout[..., None]).max(1) == 0)
+        values.append(entropy.mean() / np.log(256))
+    assert 0.25 < np.mean(values) < 0.33
+
+
+def test_unknown_style_is_refused_in_one_line() -> None:
+    spec = SceneSpec.from_meta(heldout_prompts(1)[0].meta)
+    with pytest.raises(ValueError, match=r"style='wavy': the toy domain has styles clean, textured"):
+        render_scene(spec, np.random.default_rng(0), "wavy")
+
+
+def _train(monkeypatch, tmp_path, *extra: str) -> None:
+    from csd.toy import LM_DIR
+    from experiments import train_toy
+
+    monkeypatch.setattr(sys, "argv", [
+        "train_toy", "--stages", "lm", "--style", "textured", "--init-lm", str(LM_DIR), "--out", str(tmp_path),
+        "--log", str(tmp_path / "log.csv"), "--phases", "3:4e-4,3:2e-4", "--batch", "2", "--log-every", "1",
+        "--save-every", "2", *extra])
+    train_toy.main()
+
+
+@pytest.mark.slow
+def test_an_interrupted_training_resumes_to_the_same_weights(monkeypatch, tmp_path) -> None:
+    """Stopped inside the second phase and continued with --resume, the LM and its loss log equal an uninterrupted
+    run's (model, optimiser, schedule, data stream and caption dropout restored)."""
+    from safetensors.torch import load_file
+
+    from experiments import train_toy
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        _train(monkeypatch, tmp_path / "full")
+        calls = {"n": 0}
+        loss = train_toy.image_loss
+
+        def stopping(model, ids):
+            calls["n"] += 1
+            if calls["n"] == 6:  # the third step of phase 2, after its state was saved at step 2
+                raise KeyboardInterrupt
+            return loss(model, ids)
+
+        monkeypatch.setattr(train_toy, "image_loss", stopping)
+        with pytest.raises(KeyboardInterrupt):
+            _train(monkeypatch, tmp_path / "cut")
+        assert (tmp_path / "cut" / train_toy.STATE_FILE).exists()
+        monkeypatch.setattr(train_toy, "image_loss", loss)
+        _train(monkeypatch, tmp_path / "cut", "--resume")
+    finally:
+        torch.set_num_threads(threads)
+    assert not (tmp_path / "cut" / train_toy.STATE_FILE).exists()
+    full, cut = (load_file(str(tmp_path / d / "lm" / "model.safetensors")) for d in ("full", "cut"))
+    assert all(torch.equal(full[k], cut[k]) for k in full)
+
+    def rows(d: str) -> list[list[str]]:
+        return [r.split(",")[:5] for r in (tmp_path / d / "log.csv").read_text().splitlines()]  # without elapsed_s
+
+    assert rows("full") == rows("cut") and len(rows("full")) == 7
+
+
+def test_resume_without_a_saved_state_is_refused(monkeypatch, tmp_path) -> None:
+    with pytest.raises(SystemExit, match="--resume: no .*train_state.pt"):
+        _train(monkeypatch, tmp_path, "--resume")
+
+
+def test_the_textured_model_preset_composes_with_its_own_fid_reference() -> None:
+    """model=toy_textured: a toy model for the evaluation (scene checker, toy-CLIP), its FID reference the textured
+    rendering by default, and the render key not passed to the loader."""
+    from csd.compose import loader_params
+    from csd.validate import validate
+    from tests.pipeline.test_config import make_cfg
+
+    cfg = make_cfg("model=toy_textured")
+    validate(cfg)
+    assert cfg.model.name in cfg.eval.toy.models
+    assert cfg.eval.toy.render == "csd.toy.domain.heldout_scene_textured"
+    assert "reference_render" not in loader_params(cfg.model)
+    assert make_cfg("model=toy").eval.toy.render == "csd.toy.domain.heldout_scene"
+    assert make_cfg("model=toy_textured", "eval.toy.render=csd.toy.domain.heldout_scene").eval.toy.render == \
+        "csd.toy.domain.heldout_scene"
