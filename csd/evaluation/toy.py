@@ -25,6 +25,8 @@ from csd.prompts import Prompt
 from csd.records import COMMIT_ACCEPTED, COMMIT_RELAXED
 
 REGIONS = ("object", "smooth", "textured")
+#: token cells by their pixels in the generated image's segmentation: all object, some (the boundary), none
+CELL_REGIONS = ("object", "edge", "background")
 
 
 def _toy(module: str) -> Any:
@@ -132,3 +134,36 @@ def region_acceptance(records: Sequence[dict[str, Any]], images: Sequence[Image.
         c["accepted_rate"] = c["accepted"] / n if n else float("nan")
         c["relaxed_rate"] = c["relaxed"] / n if n else float("nan")
     return counts
+
+
+def cell_regions(labels: np.ndarray, grid: Sequence[int]) -> np.ndarray:
+    """``[rows, cols]`` index into :data:`CELL_REGIONS` per token cell of a pixel label map (0 = background):
+    0 when every pixel of the cell is an object's, 1 when some are, 2 when none is."""
+    rows, cols = grid
+    h, w = labels.shape
+    share = (labels != 0).reshape(rows, h // rows, cols, w // cols).mean(axis=(1, 3))
+    return np.where(share == 1.0, 0, np.where(share > 0.0, 1, 2))
+
+
+def entropy_by_region(records: Sequence[dict[str, Any]], images: Sequence[Image.Image]) -> dict[str, Any]:
+    """Target entropy (nats, the record's ``entropy``: the processed target distribution of each committed position)
+    per cell region (:data:`CELL_REGIONS`, from ``csd.toy.checker.segment`` of the generated image).
+
+    Returns ``per_image``: ``{"body": [...], region: [...]}`` per-image means (NaN where an image has no cell of the
+    region) and ``share``: ``{region: [...]}`` per-image fractions of the cells, in record order; and ``values``:
+    ``{region: array}`` of every position's entropy, pooled over images.
+    """
+    checker = _toy("checker")
+    per_image: dict[str, list[float]] = {"body": [], **{r: [] for r in CELL_REGIONS}}
+    share: dict[str, list[float]] = {r: [] for r in CELL_REGIONS}
+    pooled: dict[str, list[np.ndarray]] = {r: [] for r in CELL_REGIONS}
+    for r, image in zip(records, images, strict=True):
+        entropy = on_grid(r, "entropy").astype(float)
+        regions = cell_regions(np.asarray(checker.segment(np.asarray(load_rgb(image)))), r["grid"])
+        per_image["body"].append(float(entropy.mean()))
+        for k, name in enumerate(CELL_REGIONS):
+            values = entropy[regions == k]
+            per_image[name].append(float(values.mean()) if values.size else float("nan"))
+            share[name].append(values.size / entropy.size)
+            pooled[name].append(values)
+    return {"per_image": per_image, "share": share, "values": {k: np.concatenate(v) for k, v in pooled.items()}}

@@ -182,3 +182,58 @@ def test_the_textured_model_preset_composes_with_its_own_fid_reference() -> None
     assert make_cfg("model=toy").eval.toy.render == "csd.toy.domain.heldout_scene"
     assert make_cfg("model=toy_textured", "eval.toy.render=csd.toy.domain.heldout_scene").eval.toy.render == \
         "csd.toy.domain.heldout_scene"
+
+
+def _fake_run(tmp_path, prompts, tokenizer) -> None:
+    """A finished AR run of the toy on ``prompts``: their reference scenes' tokens, entropy 1 nat on cells an object
+    fills, 2 on boundary cells, 3 on background cells (by the reference layout), images decoded from the tokens."""
+    import json
+
+    from PIL import Image
+
+    from csd.evaluation.toy import cell_regions
+    from csd.toy.checker import segment
+
+    (tmp_path / "images").mkdir(parents=True)
+    with open(tmp_path / "records.jsonl", "w") as f:
+        for p in prompts:
+            tokens = tokenizer.encode(heldout_scene(p)[0][None])[0]
+            decoded = tokenizer.decode(tokens[None])[0].numpy()
+            regions = cell_regions(segment(decoded), (16, 16))
+            entropy = (regions + 1.0).reshape(-1)
+            name = f"images/{p.prompt_id}_s0.png"
+            Image.fromarray(decoded).save(tmp_path / name)
+            f.write(json.dumps({"prompt_id": p.prompt_id, "prompt": p.text, "sample": 0, "seed": 0, "method": "ar",
+                                "model": "toy", "meta": p.meta, "image": name, "tokens": tokens.tolist(),
+                                "grid": [16, 16], "commit_kind": [0] * 256, "entropy": entropy.tolist()}) + "\n")
+    (tmp_path / "run.json").write_text(json.dumps({"model_info": {"vocab_size": 256}}))
+
+
+def test_entropy_by_region_splits_object_edge_and_background_cells(tmp_path, tokenizer) -> None:
+    """experiments.entropy_map on a run whose entropy is 1 / 2 / 3 nats on object / edge / background cells: each
+    region's mean is exactly its value, the shares add up to 1, the body mean is their share-weighted sum; images
+    are read from the files or, when missing, decoded from the tokens (same numbers)."""
+    import math
+
+    from csd.evaluation.toy import cell_regions
+    from experiments.entropy_map import summarise
+
+    labels = np.zeros((32, 32), dtype=int)
+    labels[4:8, 4:8] = 1
+    labels[9, 9] = 2
+    regions = cell_regions(labels, (16, 16))
+    assert (regions[2:4, 2:4] == 0).all() and regions[4, 4] == 1 and (regions == 1).sum() == 1
+    assert (regions == 2).sum() == 256 - 5
+
+    _fake_run(tmp_path / "run", heldout_prompts(6), tokenizer)
+    out = summarise(tmp_path / "run", n_boot=50)
+    log_v = math.log(256)
+    for k, name in enumerate(("object", "edge", "background"), start=1):
+        assert out[name]["value"] == pytest.approx(k / log_v)
+        assert out[name]["interval"][0] == pytest.approx(k / log_v)
+    shares = [out[n]["share"] for n in ("object", "edge", "background")]
+    assert sum(shares) == pytest.approx(1.0) and min(shares) > 0
+    assert out["body"]["value"] == pytest.approx(sum(s * k for k, s in enumerate(shares, start=1)) / log_v)
+    for png in (tmp_path / "run" / "images").iterdir():
+        png.unlink()
+    assert summarise(tmp_path / "run", n_boot=0)["body"]["value"] == pytest.approx(out["body"]["value"])
