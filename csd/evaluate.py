@@ -98,6 +98,7 @@ def compute_metrics(ctx: EvalContext, names: list[str], result: dict[str, Any]) 
         result["protocol"].update(out.protocol)
         result["content"].update(out.content)
         result["intervals"].update(out.intervals)
+        result["skipped"].update(out.skipped)
         per_image.update(out.per_image)
     return per_image
 

@@ -25,7 +25,8 @@ class MetricOutput:
 
     ``metrics``: scalars (one sweep-table column each); ``per_image``: columns aligned with the
     records; ``protocol``: settings to record next to the numbers; ``content``: arrays for plots;
-    ``intervals``: ``[lo, hi]`` of metrics that per-image columns do not determine (FID).
+    ``intervals``: ``[lo, hi]`` of metrics that per-image columns do not determine (FID); ``skipped``: keys of the
+    metric that could not be computed, with why (one FID evaluator without its weights).
     """
 
     metrics: dict[str, float] = field(default_factory=dict)
@@ -33,6 +34,7 @@ class MetricOutput:
     protocol: dict[str, Any] = field(default_factory=dict)
     content: dict[str, Any] = field(default_factory=dict)
     intervals: dict[str, list[float]] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)
 
 
 def merge_shard_info(info: dict[str, Any], run_dir: Path) -> dict[str, Any]:

@@ -17,7 +17,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from csd.data.files import DOWNLOAD_HINT
-from csd.errors import MissingDataError
+from csd.errors import MissingDataError, MissingWeightsError
 from csd.evaluation import content, fid_backends, speed, toy
 from csd.evaluation.clip_features import ClipImageFeatures
 from csd.evaluation.clip_score import (
@@ -35,6 +35,7 @@ from csd.evaluation.geneval_score import check_geneval_files
 from csd.evaluation.images import Preprocess, file_batches, list_images
 from csd.evaluation.inception_metrics import check_inception_files
 from csd.evaluation.preference import check_preference_files
+from csd.registry import FID_BACKENDS
 
 log = logging.getLogger(__name__)
 #: the dataset loader whose runs have a ``dataset.caption_rule``
@@ -130,7 +131,8 @@ def fid_metric(ctx: EvalContext) -> MetricOutput:
     metrics.json (``csd.registry.FID_BACKENDS``) with its jackknife interval; the images' steps are
     ``eval.fid.transforms``, for the package backends ``eval.fid.package_transforms`` where set (a protocol that
     imitates a package's resize in front of torchmetrics leaves it out for the package itself). A toy run's features
-    are the toy CLIP's, which only the torchmetrics backend takes."""
+    are the toy CLIP's, which only the torchmetrics backend takes. An evaluator whose weights are missing is skipped
+    alone (``skipped`` in metrics.json), unless ``eval.strict``; with none left the metric is skipped."""
     f = ctx.eval.fid
     if len(ctx.records) < 2:
         raise NotApplicable("FID needs at least 2 generated images")
@@ -140,12 +142,23 @@ def fid_metric(ctx: EvalContext) -> MetricOutput:
         log.warning("FID backends %s need Inception; a toy run's FID uses the toy CLIP's features: skipping them",
                     packages)
         packages = []
-    out = _torchmetrics_fid(ctx) if "torchmetrics" in backends else MetricOutput(protocol=_protocol(ctx))
-    for name in packages:
-        part = _package_fid(ctx, name)
+    out, first_error = MetricOutput(protocol=_protocol(ctx)), None
+    parts = (["torchmetrics"] if "torchmetrics" in backends else []) + packages
+    for name in parts:
+        try:
+            part = _torchmetrics_fid(ctx) if name == "torchmetrics" else _package_fid(ctx, name)
+        except MissingWeightsError as err:  # this evaluator alone is skipped, unless eval.strict or none is left
+            if ctx.eval.get("strict"):
+                raise
+            first_error = first_error or err
+            out.skipped[FID_BACKENDS[name]] = str(err)
+            log.warning("FID backend %s skipped: %s", name, err)
+            continue
         out.metrics.update(part.metrics)
         out.intervals.update(part.intervals)
         out.protocol.update(part.protocol)
+    if not out.metrics and first_error is not None:
+        raise first_error
     return out
 
 
@@ -216,8 +229,8 @@ def _torchmetrics_fid(ctx: EvalContext) -> MetricOutput:
     with FeatureRecorder(metric.inception) as generated:  # keeps the generated features for the interval
         value = generated_fid(metric, file_batches(ctx.images, pre, ctx.eval.batch_size), ctx.device)
     interval = fid_interval(metric, generated.features, [r["prompt_id"] for r in ctx.records], ctx.eval.bootstrap)
-    protocol = {**_protocol(ctx), "fid": {"features": features, "transforms": pre.describe(), "paired": f.paired,
-                                          **reference, "reference_cached": cached}}
+    protocol = {"fid": {"features": features, "transforms": pre.describe(), "paired": f.paired, **reference,
+                        "reference_cached": cached}}  # with fid_metric's _protocol
     return MetricOutput({"fid": value}, protocol=protocol, intervals={"fid": interval} if interval else {})
 
 

@@ -230,3 +230,34 @@ def test_package_backends_take_their_own_steps(stand_ins: dict[str, Any], tmp_pa
     own = fid_metric(ctx)
     assert own.protocol["fid_clean"]["transforms"] == Preprocess(["center_crop:24"]).describe()
     assert own.metrics["fid_clean"] != pytest.approx(shared.metrics["fid_clean"])
+
+
+def test_a_backend_without_weights_is_skipped_alone(stand_ins: dict[str, Any], tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """One evaluator's missing weights skip that evaluator only (its key under ``skipped`` with the fetch line), so
+    a protocol can list several; eval.strict raises instead, and with every evaluator missing the metric is skipped
+    as a whole (the error propagates)."""
+    from csd.evaluation.metrics import fid_metric
+
+    ref = tmp_path / "ref"
+    ref.mkdir()
+    for i, image in enumerate(pictures(8, 0)):
+        image.save(ref / f"{i:02d}.png")
+    (Path(stand_ins["dir"]) / fid_backends.PT_INCEPTION_FILE).unlink()  # pytorch-fid's weights are missing
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
+    eval_cfg = OmegaConf.load(CONF_DIR / "eval" / "default.yaml")
+    eval_cfg.fid.update(backends=["clean-fid:clean", "pytorch-fid"], weights_dir=stand_ins["dir"], paired=False,
+                        reference_dir=str(ref), cache_dir=str(tmp_path / "cache"))
+    records = [{"prompt_id": f"p{i}", "sample": 0, "meta": {}, "prompt": "x"} for i in range(8)]
+    ctx = SimpleNamespace(eval=eval_cfg, records=records, images=pictures(8, 30), device=CPU, is_toy=False,
+                          run_config=OmegaConf.create({}), info={})
+    out = fid_metric(ctx)
+    assert set(out.metrics) == {"fid_clean"}
+    assert set(out.skipped) == {"fid_pytorch"} and "wget" in out.skipped["fid_pytorch"]
+    eval_cfg.strict = True
+    with pytest.raises(MissingWeightsError, match="pytorch-fid needs"):
+        fid_metric(ctx)
+    eval_cfg.strict = False
+    eval_cfg.fid.backends = ["pytorch-fid"]
+    with pytest.raises(MissingWeightsError, match="pytorch-fid needs"):
+        fid_metric(ctx)

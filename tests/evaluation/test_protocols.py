@@ -229,7 +229,8 @@ def preset_cfg(tmp_path: Path, preset: str) -> object:
     weights = tmp_path / "tiny-clip.pt"
     torch.save(load_open_clip("tiny-test-clip", None, torch.device("cpu"), str(model_config)).model.state_dict(), weights)
     return make_cfg(f"eval={preset}", "logger=disabled", "device=cpu", "eval.metrics=[clip_score,fid]",
-                    f"eval.fid.cache_dir={tmp_path / 'cache'}", "eval.clip.model=tiny-test-clip",
+                    f"eval.fid.cache_dir={tmp_path / 'cache'}", f"eval.fid.weights_dir={tmp_path / 'no-fid-weights'}",
+                    "eval.clip.model=tiny-test-clip",
                     f"eval.clip.pretrained={weights}", f"eval.clip.model_config={model_config}")
 
 
@@ -263,7 +264,12 @@ def test_presets_settings_land_in_metrics_json(tmp_path: Path, coco_run, preset:
     cfg = preset_cfg(tmp_path, preset)
     with caplog.at_level(logging.WARNING, logger="csd.evaluation.metrics"):
         result = evaluate_run(run, cfg)
-    assert result["skipped"] == {}
+    # the protocols list the published package beside the imitation; without its weights file that column alone is
+    # skipped, with the fetch line
+    package = {"sjd_protocol": "fid_pytorch", "lantern_protocol": "fid_clean"}.get(preset)
+    assert set(result["skipped"]) == ({package} if package else set())
+    assert all("wget" in why for why in result["skipped"].values())
+    assert "fid" in result["metrics"]
     on_disk = json.loads((run / "metrics.json").read_text())["protocol"]
     clip, fid = on_disk["clip"], on_disk["fid"]
     assert clip["model"] == f"tiny-test-clip/{tmp_path / 'tiny-clip.pt'}"
