@@ -256,7 +256,7 @@ def lantern_resize(image: Image.Image) -> Image.Image:
     return TF.center_crop(image, min(image.size)).resize((256, 256), Image.LANCZOS)
 
 
-@pytest.mark.parametrize("preset", ["sjd_protocol", "lantern_protocol", "default"])
+@pytest.mark.parametrize("preset", ["sjd_protocol", "lantern_protocol", "janus_protocol", "default"])
 def test_presets_settings_land_in_metrics_json(tmp_path: Path, coco_run, preset: str, monkeypatch, caplog) -> None:
     run, images = coco_run
     spy = ShapeSpy()
@@ -266,7 +266,7 @@ def test_presets_settings_land_in_metrics_json(tmp_path: Path, coco_run, preset:
         result = evaluate_run(run, cfg)
     # the protocols list the published package beside the imitation; without its weights file that column alone is
     # skipped, with the fetch line
-    package = {"sjd_protocol": "fid_pytorch", "lantern_protocol": "fid_clean"}.get(preset)
+    package = {"sjd_protocol": "fid_pytorch", "lantern_protocol": "fid_clean", "janus_protocol": "fid_clean"}.get(preset)
     assert set(result["skipped"]) == ({package} if package else set())
     assert all("wget" in why for why in result["skipped"].values())
     assert "fid" in result["metrics"]
@@ -290,6 +290,15 @@ def test_presets_settings_land_in_metrics_json(tmp_path: Path, coco_run, preset:
         expected = float(expected_clip(tmp_path, images, "A photo depicts ", 1, lantern_resize).mean())
         assert result["metrics"]["clip_score"] == pytest.approx(expected, abs=1e-5)
         assert "published on dataset.caption_rule=lantern prompts; this run used sjd" in caplog.text
+    elif preset == "janus_protocol":  # GigaGAN's evaluation: LANTERN's steps (LANTERN's script is modified from it)
+        assert on_disk["name"] == "janus" and on_disk["protocol_caption_rule"] is None
+        assert clip == {**clip, "transforms": ["crop_long_edge", "lanczos:256"], "prefix": "A photo depicts ",
+                        "scale": 1, "clamp": "none"}
+        assert fid == {**fid, "transforms": ["crop_long_edge", "lanczos:256", "clean_bicubic:299"], "paired": False,
+                       "n_reference": 4}
+        assert spy.shapes == {(3, 299, 299)}
+        expected = float(expected_clip(tmp_path, images, "A photo depicts ", 1, lantern_resize).mean())
+        assert result["metrics"]["clip_score"] == pytest.approx(expected, abs=1e-5)
     else:
         assert on_disk["name"] == "default" and on_disk["protocol_caption_rule"] is None
         assert clip == {**clip, "transforms": [], "prefix": "", "scale": 100, "clamp": "image"}
