@@ -13,7 +13,7 @@ from transformers import LlamaForCausalLM, LlamaModel
 from csd.adapters.base import BodyLayout, ModelAdapter, SamplingConfig
 from csd.cache import RaggedCache
 from csd.errors import MissingWeightsError
-from csd.toy import EAGLE_HEAD_FILE, LM_DIR, SPATIAL_HEADS_FILE, TEXTURED_DIR, TEXTURED_LM_DIR, TOKENIZER_FILE
+from csd.toy import EAGLE_HEAD_FILE, LM_DIR, SPATIAL_HEADS_FILE, TEXTURED_LM_DIR, TOKENIZER_FILE
 from csd.toy.model import load_toy_lm
 from csd.toy.tokenizer import GRID, PatchTokenizer
 from csd.toy.vocab import N_TEXT, READS, caption_problem, encode_caption
@@ -93,12 +93,12 @@ class ToyAdapter(ModelAdapter):
 
 class TexturedToyAdapter(ToyAdapter):
     """The second embedded model (``model=toy_textured``): the toy LM continued on the textured domain
-    (``csd/toy/MODEL_CARD.md``); no draft heads are trained for it yet."""
+    (``csd/toy/MODEL_CARD.md``); it ships no draft heads (``drafter.head`` / ``drafter.heads`` name trained ones)."""
 
     name = "toy_textured"
     checkpoint = TEXTURED_LM_DIR
-    eagle_head = TEXTURED_DIR / "eagle_head.pt"
-    spatial_heads = TEXTURED_DIR / "spatial_heads.pt"
+    eagle_head = None
+    spatial_heads = None
 
 
 def _load(cls: type[ToyAdapter], remake: str, guidance_scale: float, top_k: int | None, temperature: float,

@@ -237,3 +237,14 @@ def test_entropy_by_region_splits_object_edge_and_background_cells(tmp_path, tok
     for png in (tmp_path / "run" / "images").iterdir():
         png.unlink()
     assert summarise(tmp_path / "run", n_boot=0)["body"]["value"] == pytest.approx(out["body"]["value"])
+
+
+def test_the_textured_model_ships_no_draft_heads_and_says_so_in_one_line() -> None:
+    from csd.errors import ConfigError
+    from csd.validate import validate
+    from tests.pipeline.test_config import make_cfg
+
+    for drafter, what in (("eagle", "ships no EAGLE head"), ("ssd", "ships no spatial heads")):
+        with pytest.raises(ConfigError) as err:
+            validate(make_cfg("model=toy_textured", f"drafter={drafter}", "method=sjd", "engine.batch_size=1"))
+        assert "\n" not in str(err.value) and "TexturedToyAdapter" in str(err.value) and what in str(err.value)
