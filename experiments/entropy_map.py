@@ -4,8 +4,8 @@ pattern, with 95 % intervals over images, and example entropy maps (docs/RESULTS
     python -m experiments.entropy_map results/toy_paper/0_ar results/toy_textured/0_ar \\
         [--labels toy toy_textured] [--out results/toy_textured/entropy_map] [--bootstrap 1000] [--examples 6]
 
-Each run directory holds a finished generation of a toy model (``records.jsonl``; its images, or else the tokens are
-decoded with the toy tokenizer both toys share). Regions come from the scene checker's segmentation of each generated
+Each run directory holds a finished generation of a toy model (``records.jsonl``; its PNGs, or else its tokens decoded
+by the run's own model: ``csd.decode.RunImages``). Regions come from the scene checker's segmentation of each generated
 image (``csd.evaluation.toy.cell_regions``). Writes ``entropy_map.md``, ``entropy_map.json`` and ``entropy_map.png``.
 """
 
@@ -23,9 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
-from PIL import Image
 
+from csd.decode import RunImages
 from csd.evaluation.intervals import percentile_interval
 from csd.evaluation.toy import CELL_REGIONS, entropy_by_region
 from csd.records import load_records
@@ -33,24 +32,6 @@ from csd.toy.domain import BACKGROUNDS
 
 #: the run's own metrics (metrics.json) shown beside its entropy
 QUALITY = ("scene_acc_overall", "clip_score", "fid")
-
-
-def run_images(run_dir: Path, records: list[dict[str, Any]]) -> list[Image.Image]:
-    """The run's images: its PNG files where present, else its tokens decoded by the toy tokenizer."""
-    from csd.toy import TOKENIZER_FILE
-    from csd.toy.tokenizer import PatchTokenizer
-
-    tokenizer = None
-    images = []
-    for r in records:
-        path = run_dir / r["image"]
-        if path.exists():
-            images.append(Image.open(path).convert("RGB"))
-            continue
-        tokenizer = tokenizer or PatchTokenizer.load(TOKENIZER_FILE)
-        pixels = tokenizer.decode(torch.tensor(r["tokens"]).reshape(1, -1))[0].numpy()
-        images.append(Image.fromarray(pixels))
-    return images
 
 
 def ratio(sums: np.ndarray, counts: np.ndarray, n_boot: int, rng: np.random.Generator) -> dict[str, Any]:
@@ -66,7 +47,7 @@ def ratio(sums: np.ndarray, counts: np.ndarray, n_boot: int, rng: np.random.Gene
 def summarise(run_dir: Path, n_boot: int, seed: int = 0) -> dict[str, Any]:
     """Entropy per region of one run, as fractions of log V, with intervals over images."""
     records = load_records(run_dir)
-    images = run_images(run_dir, records)
+    images = RunImages(run_dir, records)
     found = entropy_by_region(records, images)
     log_v = math.log(int(json.loads((run_dir / "run.json").read_text())["model_info"]["vocab_size"]))
     rng = np.random.default_rng(seed)
@@ -146,7 +127,7 @@ def figure(run_dirs: list[Path], labels: list[str], examples: int, path: Path) -
     for i, (run_dir, label) in enumerate(zip(run_dirs, labels, strict=True)):
         records = load_records(run_dir)[:examples]
         log_v = math.log(int(json.loads((run_dir / "run.json").read_text())["model_info"]["vocab_size"]))
-        for j, (r, image) in enumerate(zip(records, run_images(run_dir, records), strict=True)):
+        for j, (r, image) in enumerate(zip(records, RunImages(run_dir, records), strict=True)):
             axes[2 * i, j].imshow(image, interpolation="nearest")
             mappable = axes[2 * i + 1, j].imshow(on_grid(r, "entropy") / log_v, vmin=0, vmax=0.8, cmap="magma")
             for ax in (axes[2 * i, j], axes[2 * i + 1, j]):

@@ -206,7 +206,7 @@ def _fake_run(tmp_path, prompts, tokenizer) -> None:
             f.write(json.dumps({"prompt_id": p.prompt_id, "prompt": p.text, "sample": 0, "seed": 0, "method": "ar",
                                 "model": "toy", "meta": p.meta, "image": name, "tokens": tokens.tolist(),
                                 "grid": [16, 16], "commit_kind": [0] * 256, "entropy": entropy.tolist()}) + "\n")
-    (tmp_path / "run.json").write_text(json.dumps({"model_info": {"vocab_size": 256}}))
+    (tmp_path / "run.json").write_text(json.dumps({"model": "toy", "model_info": {"vocab_size": 256}}))
 
 
 def test_entropy_by_region_splits_object_edge_and_background_cells(tmp_path, tokenizer) -> None:
