@@ -33,7 +33,7 @@ def test_committed_toy_run_reproduces(run_json):
     record = load_records(run_json.parent)[0]
     params = {f"method.{k}": v for k, v in info["method_params"].items()}
     params["model.temperature"] = info["model_info"]["temperature"]
-    dec = Decoder(model="toy", method=info["method"], device="cpu", **params)
+    dec = Decoder(model=info["model"], method=info["method"], device="cpu", **params)
     _, gen = dec.generate(record["prompt"], seed=record["seed"])
     assert gen.tokens.tolist() == record["tokens"]
     assert gen.nfe == record["nfe"]
@@ -47,6 +47,12 @@ STUDY = RESULTS / "entropy_study"
 def test_committed_study_run_reproduces_at_batch_1(run):
     """The study decodes at batch 16; its calibrated knobs give the same tokens one image at a time."""
     test_committed_toy_run_reproduces(STUDY / run / "run.json")
+
+
+@pytest.mark.slow
+def test_committed_textured_toy_run_reproduces():
+    """model=toy_textured's AR run (the study's reference on the second toy, batch 16): its first image at batch 1."""
+    test_committed_toy_run_reproduces(RESULTS / "entropy_study_textured" / "ar" / "run.json")
 
 
 REGIMES = RESULTS / "entropy_regimes"
