@@ -137,19 +137,24 @@ def test_backends_list_is_checked_in_one_line() -> None:
     assert list(OmegaConf.load(CONF_DIR / "eval" / "default.yaml").fid.backends) == ["torchmetrics"]
 
 
+def fid_context(tmp_path: Path, n: int, **fid: Any) -> SimpleNamespace:
+    """An evaluation context of ``n`` generated pictures against ``n`` reference pictures in a folder, with
+    ``eval.fid`` of the default preset updated by ``fid``."""
+    ref = tmp_path / "ref"
+    ref.mkdir()
+    for i, image in enumerate(pictures(n, 0)):
+        image.save(ref / f"{i:02d}.png")
+    eval_cfg = OmegaConf.load(CONF_DIR / "eval" / "default.yaml")
+    eval_cfg.fid.update(paired=False, reference_dir=str(ref), cache_dir=str(tmp_path / "cache"), **fid)
+    records = [{"prompt_id": f"p{i}", "sample": 0, "meta": {}, "prompt": "x"} for i in range(n)]
+    return SimpleNamespace(eval=eval_cfg, records=records, images=pictures(n, 30), device=CPU, is_toy=False,
+                           run_config=OmegaConf.create({}), info={})
+
+
 def test_fid_metric_writes_one_key_per_backend_with_intervals(stand_ins: dict[str, Any], tmp_path: Path) -> None:
     from csd.evaluation.metrics import fid_metric
 
-    ref = tmp_path / "ref"
-    ref.mkdir()
-    for i, image in enumerate(pictures(24, 0)):
-        image.save(ref / f"{i:02d}.png")
-    eval_cfg = OmegaConf.load(CONF_DIR / "eval" / "default.yaml")
-    eval_cfg.fid.update(backends=["clean-fid:clean", "pytorch-fid"], weights_dir=stand_ins["dir"], paired=False,
-                        reference_dir=str(ref), cache_dir=str(tmp_path / "cache"))
-    records = [{"prompt_id": f"p{i}", "sample": 0, "meta": {}, "prompt": "x"} for i in range(24)]
-    ctx = SimpleNamespace(eval=eval_cfg, records=records, images=pictures(24, 30), device=CPU, is_toy=False,
-                          run_config=OmegaConf.create({}), info={})
+    ctx = fid_context(tmp_path, 24, backends=["clean-fid:clean", "pytorch-fid"], weights_dir=stand_ins["dir"])
     out = fid_metric(ctx)
     assert set(out.metrics) == set(out.intervals) == {"fid_clean", "fid_pytorch"}
     for key, value in out.metrics.items():
@@ -214,16 +219,8 @@ def test_package_backends_take_their_own_steps(stand_ins: dict[str, Any], tmp_pa
     imitation of clean-fid's resize stays in front of torchmetrics); null keeps the shared steps."""
     from csd.evaluation.metrics import fid_metric
 
-    ref = tmp_path / "ref"
-    ref.mkdir()
-    for i, image in enumerate(pictures(8, 0)):
-        image.save(ref / f"{i:02d}.png")
-    eval_cfg = OmegaConf.load(CONF_DIR / "eval" / "default.yaml")
-    eval_cfg.fid.update(backends=["clean-fid:clean"], weights_dir=stand_ins["dir"], paired=False,
-                        reference_dir=str(ref), cache_dir=str(tmp_path / "cache"), transforms=["bilinear:32"])
-    records = [{"prompt_id": f"p{i}", "sample": 0, "meta": {}, "prompt": "x"} for i in range(8)]
-    ctx = SimpleNamespace(eval=eval_cfg, records=records, images=pictures(8, 30), device=CPU, is_toy=False,
-                          run_config=OmegaConf.create({}), info={})
+    ctx = fid_context(tmp_path, 8, backends=["clean-fid:clean"], weights_dir=stand_ins["dir"], transforms=["bilinear:32"])
+    eval_cfg = ctx.eval
     shared = fid_metric(ctx)
     assert shared.protocol["fid_clean"]["transforms"] == Preprocess(["bilinear:32"]).describe()
     eval_cfg.fid.package_transforms = ["center_crop:24"]
@@ -239,18 +236,10 @@ def test_a_backend_without_weights_is_skipped_alone(stand_ins: dict[str, Any], t
     as a whole (the error propagates)."""
     from csd.evaluation.metrics import fid_metric
 
-    ref = tmp_path / "ref"
-    ref.mkdir()
-    for i, image in enumerate(pictures(8, 0)):
-        image.save(ref / f"{i:02d}.png")
     (Path(stand_ins["dir"]) / fid_backends.PT_INCEPTION_FILE).unlink()  # pytorch-fid's weights are missing
     monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
-    eval_cfg = OmegaConf.load(CONF_DIR / "eval" / "default.yaml")
-    eval_cfg.fid.update(backends=["clean-fid:clean", "pytorch-fid"], weights_dir=stand_ins["dir"], paired=False,
-                        reference_dir=str(ref), cache_dir=str(tmp_path / "cache"))
-    records = [{"prompt_id": f"p{i}", "sample": 0, "meta": {}, "prompt": "x"} for i in range(8)]
-    ctx = SimpleNamespace(eval=eval_cfg, records=records, images=pictures(8, 30), device=CPU, is_toy=False,
-                          run_config=OmegaConf.create({}), info={})
+    ctx = fid_context(tmp_path, 8, backends=["clean-fid:clean", "pytorch-fid"], weights_dir=stand_ins["dir"])
+    eval_cfg = ctx.eval
     out = fid_metric(ctx)
     assert set(out.metrics) == {"fid_clean"}
     assert set(out.skipped) == {"fid_pytorch"} and "wget" in out.skipped["fid_pytorch"]
