@@ -1,7 +1,7 @@
 """Where a toy model is uncertain: AR target entropy per cell region (object, edge, background) and per background
 pattern, with 95 % intervals over images, and example entropy maps (docs/RESULTS.md "A second toy").
 
-    python -m experiments.entropy_map results/toy_paper/0_ar results/toy_textured/0_ar \\
+    python -m experiments.entropy_map results/toy_paper/0_ar results/entropy_study_textured/ar \\
         [--labels toy toy_textured] [--out results/toy_textured/entropy_map] [--bootstrap 1000] [--examples 6]
 
 Each run directory holds a finished generation of a toy model (``records.jsonl``; its PNGs, or else its tokens decoded

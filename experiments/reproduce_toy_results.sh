@@ -33,3 +33,17 @@ for s in uniform similarity; do
     drafter.tree=binary drafter.skip=$s run_dir=results/toy_drafters/7_vvs_$s
 done
 python run.py experiment=toy_drafters logger=disabled hydra.mode=RUN stage=report sweep_dir=results/toy_drafters
+# the second embedded model, model=toy_textured (docs/RESULTS.md "A second toy: realistic entropy"): the
+# matched-compression study on it (about 1 h 30 on one thread; resumes), the entropy maps of both toys, then the
+# spatial table (PJD with SJD's and CSD's rules) with its reference runs and the report over the directory
+python run.py experiment=entropy_study_textured logger=disabled hydra.run.dir=results/entropy_study_textured
+python -m experiments.entropy_map results/toy_paper/0_ar results/entropy_study_textured/ar --labels toy toy_textured
+python run.py experiment=toy_spatial_textured logger=disabled hydra.sweep.dir=results/toy_spatial_textured
+for ref in "ar:method=ar" "sjd:method=sjd" "sjd_pac:method=sjd_pac engine.batch_size=1" "zipar:method=sjd drafter=zipar" \
+    "eagle:method=sjd drafter=eagle drafter.window=5"; do
+  # shellcheck disable=SC2086
+  python run.py experiment=toy_spatial_textured logger=disabled hydra.mode=RUN ${ref#*:} \
+    run_dir=results/toy_spatial_textured/ref_${ref%%:*}
+done
+python run.py experiment=toy_spatial_textured logger=disabled hydra.mode=RUN stage=report \
+  sweep_dir=results/toy_spatial_textured
