@@ -13,7 +13,8 @@ from transformers import LlamaForCausalLM, LlamaModel
 from csd.adapters.base import BodyLayout, ModelAdapter, SamplingConfig
 from csd.cache import RaggedCache
 from csd.errors import MissingWeightsError
-from csd.toy import EAGLE_HEAD_FILE, LM_DIR, SPATIAL_HEADS_FILE, TEXTURED_LM_DIR, TOKENIZER_FILE
+from csd.toy import (EAGLE_HEAD_FILE, LM_DIR, SPATIAL_HEADS_FILE, TEXTURED_EAGLE_HEAD_FILE, TEXTURED_LM_DIR,
+                     TOKENIZER_FILE)
 from csd.toy.model import load_toy_lm
 from csd.toy.tokenizer import GRID, PatchTokenizer
 from csd.toy.vocab import N_TEXT, READS, caption_problem, encode_caption
@@ -93,11 +94,12 @@ class ToyAdapter(ModelAdapter):
 
 class TexturedToyAdapter(ToyAdapter):
     """The second embedded model (``model=toy_textured``): the toy LM continued on the textured domain
-    (``csd/toy/MODEL_CARD.md``); it ships no draft heads (``drafter.head`` / ``drafter.heads`` name trained ones)."""
+    (``csd/toy/MODEL_CARD.md``), with its own EAGLE head; it ships no spatial heads (``drafter.heads`` names trained
+    ones)."""
 
     name = "toy_textured"
     checkpoint = TEXTURED_LM_DIR
-    eagle_head = None
+    eagle_head = TEXTURED_EAGLE_HEAD_FILE
     spatial_heads = None
 
 

@@ -17,3 +17,5 @@ SPATIAL_HEADS_FILE = ASSETS / "spatial_heads.pt"
 #: (csd.toy.domain.STYLES); it shares the tokenizer, the CLIP and the scene checker
 TEXTURED_DIR = ASSETS / "textured"
 TEXTURED_LM_DIR = TEXTURED_DIR / "lm"
+#: the EAGLE draft head trained on the textured LM (as EAGLE_HEAD_FILE; csd/toy/MODEL_CARD.md "The textured toy")
+TEXTURED_EAGLE_HEAD_FILE = TEXTURED_DIR / "eagle_head.pt"
