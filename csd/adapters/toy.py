@@ -13,8 +13,14 @@ from transformers import LlamaForCausalLM, LlamaModel
 from csd.adapters.base import BodyLayout, ModelAdapter, SamplingConfig
 from csd.cache import RaggedCache
 from csd.errors import MissingWeightsError
-from csd.toy import (EAGLE_HEAD_FILE, LM_DIR, SPATIAL_HEADS_FILE, TEXTURED_EAGLE_HEAD_FILE, TEXTURED_LM_DIR,
-                     TOKENIZER_FILE)
+from csd.toy import (
+    EAGLE_HEAD_FILE,
+    LM_DIR,
+    SPATIAL_HEADS_FILE,
+    TEXTURED_EAGLE_HEAD_FILE,
+    TEXTURED_LM_DIR,
+    TOKENIZER_FILE,
+)
 from csd.toy.model import load_toy_lm
 from csd.toy.tokenizer import GRID, PatchTokenizer
 from csd.toy.vocab import N_TEXT, READS, caption_problem, encode_caption
