@@ -228,6 +228,8 @@ SCHEMA: dict[str, Spec | ByTarget] = {
     "eval.inception_score.inception_weights": Str(null="for the torch hub cache", blank=False),
     "eval.precision_recall.k": Int(min=1),
     "eval.precision_recall.inception_weights": Str(null="for the torch hub cache", blank=False),
+    "eval.precision_recall.features": Choice(options=("inception", "vgg16")),
+    "eval.precision_recall.vgg16_weights": Str(null="for the torch hub cache", blank=False),
     "eval.dpg.vqa": Str(),
     "eval.dpg.model": Str(null="until given (metric dpg stops with the fetch command)", blank=False),
     # conf/logger/*.yaml

@@ -38,6 +38,7 @@ IMAGE_STEPS: dict[str, bool] = {
     "resize_shorter": True,
     "lanczos": True,
     "bilinear": True,
+    "pil_bilinear": True,
     "clean_bicubic": True,
 }
 

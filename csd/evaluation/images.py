@@ -58,6 +58,12 @@ def bilinear(image: Image.Image, size: int) -> Image.Image:
     return Image.fromarray(y[0].round().clamp(0, 255).to(torch.uint8).permute(1, 2, 0).numpy())
 
 
+def pil_bilinear(image: Image.Image, size: int) -> Image.Image:
+    """``size`` x ``size`` (aspect not kept), PIL bilinear on the 8-bit image: torchvision's
+    ``transforms.Resize([size, size])`` on a PIL image (the improved precision / recall code LANTERN releases)."""
+    return image.resize((size, size), Image.BILINEAR)
+
+
 def clean_bicubic(image: Image.Image, size: int) -> Image.Image:
     """``size`` x ``size``, clean-fid's "clean" resize: PIL bicubic on each channel as a float image,
     clipped to [0, 255]; rounded to 8 bits here (clean-fid keeps the floats)."""
@@ -74,6 +80,7 @@ STEPS: dict[str, Callable[..., Image.Image]] = {
     "resize_shorter": resize_shorter,
     "lanczos": lanczos,
     "bilinear": bilinear,
+    "pil_bilinear": pil_bilinear,
     "clean_bicubic": clean_bicubic,
 }
 

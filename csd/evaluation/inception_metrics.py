@@ -6,13 +6,14 @@
   the mean and standard deviation of the parts' scores are reported. With ``H`` the entropy,
   ``E_x KL(p(y|x) || p(y)) = H(p(y)) - E_x H(p(y|x))``, so a part's score needs only its marginal and mean entropy.
 - **Precision / recall** (Kynkäänniemi et al. 2019, arXiv 1904.06991): each set's manifold is the union of balls
-  around its feature vectors, of radius the distance to the ``k``-th nearest neighbour inside the set (k = 3, as
-  LANTERN reports them through ADM's evaluator, ``openai/guided-diffusion/evaluations``); precision = the fraction
-  of generated images inside the reference manifold, recall = the fraction of reference images inside the
-  generated one.
+  around its feature vectors, of radius the distance to the ``k``-th nearest neighbour inside the set (k = 3);
+  precision = the fraction of generated images inside the reference manifold, recall = the fraction of reference
+  images inside the generated one.
 
-The network is torch-fidelity's Inception-v3 (torchmetrics' ``NoTrainInceptionV3``, the FID network): 1008
-``logits_unbiased`` for the class law, the 2048 pool features for the manifolds.
+The Inception score's network is torch-fidelity's Inception-v3 (torchmetrics' ``NoTrainInceptionV3``, the FID
+network), its 1008 ``logits_unbiased`` for the class law. The manifolds are built on that network's 2048 pool
+features (``features: inception``, as ADM's evaluator) or on VGG-16's fc2 features (``features: vgg16``, the
+improved precision / recall code LANTERN releases: :func:`vgg16_network`).
 """
 
 from __future__ import annotations
@@ -31,6 +32,11 @@ from csd.evaluation.images import Preprocess, file_batches
 from csd.evaluation.intervals import SEED, Resamples, percentile_interval
 
 INCEPTION_FILE = "weights-inception-2015-12-05-6726825d.pth"
+#: torchvision's ImageNet VGG-16 (``VGG16_Weights.IMAGENET1K_V1``, what ``vgg16(pretrained=True)`` loads)
+VGG16_FILE = "vgg16-397923af.pth"
+VGG16_FETCH = f"wget https://download.pytorch.org/models/{VGG16_FILE}"
+#: the ImageNet normalisation of torchvision's ``transforms.Normalize`` in front of VGG-16
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 #: features of one uint8 ``[B, 3, H, W]`` batch -> ``[B, D]``
 Features = Callable[[torch.Tensor], torch.Tensor]
 
@@ -50,12 +56,55 @@ def inception_network(output: str, weights: str | None, key: str) -> nn.Module:
                                   f"{key}=/path/to/{INCEPTION_FILE}") from err
 
 
+class VGG16Features(nn.Module):
+    """VGG-16's fc2 output (4096, before its ReLU) of uint8 ``[B, 3, 224, 224]`` images: ``x / 255``, ImageNet
+    normalisation, the convolutions, then ``classifier[:4]`` (fc1, ReLU, dropout (off in eval), fc2), as
+    ``extract_features`` of the improved precision / recall code (youngjung/improved-precision-and-recall-metric-pytorch,
+    copied into LANTERN's ``entrypoints/eval_prec_recall.py``)."""
+
+    def __init__(self, vgg: nn.Module) -> None:
+        super().__init__()
+        self.vgg = vgg.eval()
+        self.register_buffer("mean", torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1))
+        self.register_buffer("std", torch.tensor(IMAGENET_STD).view(1, 3, 1, 1))
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        x = (images.float() / 255.0 - self.mean) / self.std
+        return self.vgg.classifier[:4](torch.flatten(self.vgg.avgpool(self.vgg.features(x)), 1))
+
+
+def vgg16_network(weights: str | None, key: str) -> VGG16Features:
+    """:class:`VGG16Features` of torchvision's ImageNet VGG-16; ``weights``: its local file (``key``), null for the
+    torch hub cache. A missing file is one line naming the fetch command, before anything loads."""
+    from torchvision.models import VGG16_Weights, vgg16
+
+    if weights is not None:
+        path = Path(weights).expanduser()
+        if not path.is_file():
+            raise MissingWeightsError(f"VGG-16 weights not found at '{weights}' ({key}): {VGG16_FETCH}")
+        vgg = vgg16(weights=None)
+        vgg.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+        return VGG16Features(vgg)
+    try:
+        return VGG16Features(vgg16(weights=VGG16_Weights.IMAGENET1K_V1))
+    except (URLError, OSError) as err:
+        raise MissingWeightsError(f"VGG-16 weights ({VGG16_FILE}) are not available offline; {VGG16_FETCH} and set "
+                                  f"{key}=/path/to/{VGG16_FILE}") from err
+
+
 def check_inception_files(names: Sequence[str], eval_cfg: object) -> None:
-    """The one-line :class:`MissingWeightsError` of a named but missing Inception weights file of the metrics
-    ``names`` (``inception_score``, ``precision_recall``), loading nothing."""
+    """The one-line :class:`MissingWeightsError` of a named but missing Inception (or, for ``precision_recall`` on
+    ``features: vgg16``, VGG-16) weights file of the metrics ``names`` (``inception_score``, ``precision_recall``),
+    loading nothing."""
     for name in ("inception_score", "precision_recall"):
-        weights = getattr(eval_cfg, name).inception_weights if name in names else None
-        if weights is not None and not Path(weights).expanduser().is_file():
+        cfg = getattr(eval_cfg, name)
+        weights = cfg.inception_weights if name in names else None
+        if name == "precision_recall" and cfg.features == "vgg16":
+            weights = cfg.vgg16_weights if name in names else None
+            if weights is not None and not Path(weights).expanduser().is_file():
+                raise MissingWeightsError(f"VGG-16 weights not found at '{weights}' (eval.{name}.vgg16_weights): "
+                                          f"{VGG16_FETCH}")
+        elif weights is not None and not Path(weights).expanduser().is_file():
             raise MissingWeightsError(f"Inception weights not found at '{weights}' (eval.{name}.inception_weights): "
                                       f"copy {INCEPTION_FILE} there")
 
@@ -149,8 +198,9 @@ def recall_interval(covered_by: np.ndarray, prompt_ids: Sequence[str], n_boot: i
 # ------------------------------------------------------------------------------------------- metrics
 
 
-def generated_features(ctx: EvalContext, network: nn.Module) -> np.ndarray:
-    pre = Preprocess(ctx.eval.fid.transforms)
+def generated_features(ctx: EvalContext, network: nn.Module, pre: Preprocess | None = None) -> np.ndarray:
+    """Features of the run's images after ``pre`` (default: ``eval.fid.transforms``)."""
+    pre = pre if pre is not None else Preprocess(ctx.eval.fid.transforms)
     return extract(network.to(ctx.device), file_batches(ctx.images, pre, ctx.eval.batch_size), ctx.device)
 
 

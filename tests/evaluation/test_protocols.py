@@ -86,6 +86,16 @@ def test_lanczos_and_clean_bicubic_match_pil() -> None:
     np.testing.assert_array_equal(run_steps(("crop_long_edge", "lanczos:256", "clean_bicubic:299"), img), clean)
 
 
+def test_pil_bilinear_is_torchvisions_resize_of_a_pil_image() -> None:
+    """LANTERN's precision / recall resize, ``transforms.Resize([224, 224])`` on the PIL image."""
+    from torchvision import transforms
+
+    for h, w in ((30, 50), (300, 256)):
+        pixels = np.random.default_rng(h).integers(0, 256, (h, w, 3), dtype=np.uint8)
+        expected = np.asarray(transforms.Resize([224, 224])(Image.fromarray(pixels)))
+        np.testing.assert_array_equal(run_steps(("pil_bilinear:224",), pixels), expected)
+
+
 def test_torchmetrics_resize_leaves_299_inputs_alone() -> None:
     """torchmetrics' Inception resizes to 299 x 299 itself (bilinear, antialiased by default): on the
     presets' 299 x 299 images that is the identity, so their own resize is the one that counts."""

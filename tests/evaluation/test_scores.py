@@ -132,6 +132,72 @@ def test_precision_recall_metric_reads_the_reference_folder(tmp_path: Path, monk
     assert out.metrics["recall"] == 1.0 and out.protocol["precision_recall"]["n_reference"] == 4
 
 
+def test_precision_recall_on_vgg16_features_resizes_every_image_to_224(tmp_path: Path, monkeypatch) -> None:
+    from csd.evaluation import precision_recall
+
+    seen = []
+
+    class Stand(TinyInception):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            seen.append(tuple(x.shape[1:]))
+            return super().forward(x)
+
+    monkeypatch.setattr(precision_recall, "vgg16_network", lambda weights, key: Stand(4))
+    monkeypatch.setattr(precision_recall, "inception_network", None)  # never asked for
+    ctx, images = colour_run(tmp_path)
+    ref = tmp_path / "ref"
+    ref.mkdir()
+    Image.fromarray(solid_image(0, size=40)).resize((40, 30)).save(ref / "0.png")  # another size and aspect
+    for i, img in enumerate(images[1:4]):
+        Image.fromarray(img).save(ref / f"{i + 1}.png")
+    with open_dict(ctx.eval):
+        ctx.eval.fid.reference_dir = str(ref)
+        ctx.eval.fid.transforms = ["lanczos:64"]  # FID's steps do not apply to the VGG-16 features
+        ctx.eval.precision_recall.k = 1
+        ctx.eval.precision_recall.features = "vgg16"
+    out = precision_recall.precision_recall_metric(ctx)
+    assert set(seen) == {(3, 224, 224)}
+    assert out.protocol["precision_recall"]["features"].startswith("vgg16-fc2")
+    assert out.protocol["precision_recall"]["transforms"] == ["pil_bilinear:224"]
+    assert out.per_image["in_reference_manifold"][:4] == [1, 1, 1, 1] and out.metrics["recall"] == 1.0
+
+
+@pytest.mark.slow
+def test_vgg16_features_are_the_released_extractors_on_torchvisions_vgg16() -> None:
+    """:class:`VGG16Features` after ``pil_bilinear:224`` on uint8 images equals LANTERN's released extractor
+    (``transforms.Resize([224, 224])``, ``ToTensor``, ImageNet ``Normalize``, ``vgg16.features``, the 7 x 7 x 512
+    view, ``classifier[:4]``) on torchvision's VGG-16 (seeded random weights: none can be fetched here)."""
+    from torchvision import transforms
+    from torchvision.models import vgg16
+
+    from csd.evaluation.images import Preprocess, to_tensor
+
+    torch.manual_seed(0)
+    vgg = vgg16(weights=None).eval()
+    rng = np.random.default_rng(0)
+    images = [Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)) for h, w in ((64, 48), (300, 256))]
+    released = transforms.Compose([transforms.Resize([224, 224]), transforms.ToTensor(),
+                                   transforms.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])])
+    pre = Preprocess(("pil_bilinear:224",))
+    with torch.no_grad():
+        expected = vgg.classifier[:4](vgg.features(torch.stack([released(i) for i in images])).view(-1, 7 * 7 * 512))
+        ours = im.VGG16Features(vgg)(torch.stack([to_tensor(pre(i)) for i in images]))
+    assert ours.shape == (2, 4096)
+    torch.testing.assert_close(ours, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_missing_vgg16_weights_are_one_line_with_the_fetch_command(tmp_path: Path) -> None:
+    key = "eval.precision_recall.vgg16_weights"
+    cfg = make_cfg("eval.precision_recall.features=vgg16", f"{key}={tmp_path / 'missing.pth'}")
+    for check in (lambda: check_files(["precision_recall"], cfg.eval, cfg),
+                  lambda: im.vgg16_network(str(tmp_path / "missing.pth"), key)):
+        with pytest.raises(MissingWeightsError) as err:
+            check()
+        assert "\n" not in str(err.value) and key in str(err.value) and "vgg16-397923af.pth" in str(err.value)
+    check_files(["precision_recall"], make_cfg("eval=lantern_protocol").eval, cfg)  # null: the hub cache, at load
+    assert make_cfg("eval=lantern_protocol").eval.precision_recall.features == "vgg16"
+
+
 # ------------------------------------------------------------------------------------------- HPSv2.1
 
 
