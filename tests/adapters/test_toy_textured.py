@@ -270,6 +270,4 @@ def test_the_textured_model_drafts_with_its_own_eagle_head() -> None:
         runs = [engine.generate(text, seed=i) for i, text in enumerate(prompts)]
         return sum(len(r.tokens) for r in runs) / sum(r.nfe for r in runs)
 
-    own = compression(None)
-    assert own == compression(str(TEXTURED_EAGLE_HEAD_FILE))
-    assert own > 3.0 > 2.5 > compression(str(EAGLE_HEAD_FILE))
+    assert compression(None) > 3.0 > 2.5 > compression(str(EAGLE_HEAD_FILE))  # None: the adapter's eagle_head
