@@ -45,7 +45,7 @@ def inception_network(output: str, weights: str | None, key: str) -> nn.Module:
     """torch-fidelity's Inception-v3 returning ``output`` (``logits_unbiased`` or ``2048``); ``weights``: the local
     weights file (``key``), null for the torch hub cache. A missing file is one line, before anything loads."""
     if weights is not None and not Path(weights).expanduser().is_file():
-        raise MissingWeightsError(f"Inception weights not found at '{weights}' ({key}): copy {INCEPTION_FILE} there")
+        raise missing_file("Inception", weights, key)
     from torchmetrics.image.fid import NoTrainInceptionV3
 
     try:
@@ -81,7 +81,7 @@ def vgg16_network(weights: str | None, key: str) -> VGG16Features:
     if weights is not None:
         path = Path(weights).expanduser()
         if not path.is_file():
-            raise MissingWeightsError(f"VGG-16 weights not found at '{weights}' ({key}): {VGG16_FETCH}")
+            raise missing_file("VGG-16", weights, key)
         vgg = vgg16(weights=None)
         vgg.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
         return VGG16Features(vgg)
@@ -92,21 +92,24 @@ def vgg16_network(weights: str | None, key: str) -> VGG16Features:
                                   f"{key}=/path/to/{VGG16_FILE}") from err
 
 
+def missing_file(network: str, weights: str, key: str) -> MissingWeightsError:
+    """The one-line error of a named but missing weights file of ``network`` (``Inception`` or ``VGG-16``)."""
+    fetch = f"copy {INCEPTION_FILE} there" if network == "Inception" else VGG16_FETCH
+    return MissingWeightsError(f"{network} weights not found at '{weights}' ({key}): {fetch}")
+
+
 def check_inception_files(names: Sequence[str], eval_cfg: object) -> None:
     """The one-line :class:`MissingWeightsError` of a named but missing Inception (or, for ``precision_recall`` on
     ``features: vgg16``, VGG-16) weights file of the metrics ``names`` (``inception_score``, ``precision_recall``),
     loading nothing."""
     for name in ("inception_score", "precision_recall"):
+        if name not in names:
+            continue
         cfg = getattr(eval_cfg, name)
-        weights = cfg.inception_weights if name in names else None
-        if name == "precision_recall" and cfg.features == "vgg16":
-            weights = cfg.vgg16_weights if name in names else None
-            if weights is not None and not Path(weights).expanduser().is_file():
-                raise MissingWeightsError(f"VGG-16 weights not found at '{weights}' (eval.{name}.vgg16_weights): "
-                                          f"{VGG16_FETCH}")
-        elif weights is not None and not Path(weights).expanduser().is_file():
-            raise MissingWeightsError(f"Inception weights not found at '{weights}' (eval.{name}.inception_weights): "
-                                      f"copy {INCEPTION_FILE} there")
+        vgg = name == "precision_recall" and cfg.features == "vgg16"
+        weights, key = (cfg.vgg16_weights, "vgg16_weights") if vgg else (cfg.inception_weights, "inception_weights")
+        if weights is not None and not Path(weights).expanduser().is_file():
+            raise missing_file("VGG-16" if vgg else "Inception", weights, f"eval.{name}.{key}")
 
 
 @torch.no_grad()
