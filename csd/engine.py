@@ -92,6 +92,8 @@ class JacobiEngine:
         self.body = BodyIds(adapter)
         self._batch: SlotBatch | None = None
         drafter.bind(adapter, self.body, compiled is not None)
+        if compiled is not None:
+            drafter.compile_post(compiled.compile)
         rule.setup(adapter)
 
     @torch.no_grad()

@@ -66,6 +66,12 @@ class CompiledStep:
         cache.reset(slice(0, rows))
         return cache
 
+    def compile(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """``fn`` compiled as the step is (this backend, graph-break free, one graph per input shape) but without CUDA
+        graphs: the engine's verification (docs/PERFORMANCE.md, "Engine overhead"), whose outputs outlive the iteration
+        (the row samples become the next drafts), which a replay would overwrite."""
+        return torch.compile(fn, backend=self.backend, fullgraph=True, dynamic=False)
+
     def __call__(self, *args: Any) -> torch.Tensor:
         """The compiled step, as a new CUDA-graph step whose output is cloned (a replay overwrites its output
         buffer, so the caller keeps a copy)."""

@@ -16,6 +16,7 @@ of an image comes from its own generator in a fixed order, so its tokens never d
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -117,6 +118,8 @@ class Drafter(Parametrized, ABC):
     group = "drafter"
     #: the engine hands the target's hidden states of each window to :meth:`refresh` (``Proposal.features``)
     reads_features = False
+    #: the chain verification's tensor work compiled under engine.compile (``ChainDrafter.compile_post``); None: eager
+    compiled_judge: Callable[..., Any] | None = None
     PARAMS = {
         "window": Param(Int(min=1), 16, "L: the last committed token + L - 1 drafts (1 = AR)"),
         "init": Param(Choice(options=INIT_SCHEMES), "random", "fresh drafts: random codes, or copies of the left neighbour"),
@@ -190,6 +193,11 @@ class Drafter(Parametrized, ABC):
         rows (the compiled path's two step shapes)."""
         self.adapter, self.body, self.pad = adapter, body, pad
         self.device, self.vocab = adapter.device, adapter.vocab_size
+
+    def compile_post(self, compile: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+        """Under ``engine.compile``: ``compile`` (``csd.fast.CompiledStep.compile``) the verification's tensor work,
+        called at the step's fixed shapes. Only the chain drafter runs compiled (the others refuse in :meth:`problem`),
+        so by default there is nothing to compile."""
 
     def start(self, slot: Slot) -> None:
         """A new image in ``slot``: its drafter state (``slot.draft``). Gumbel sharing draws one ``Exp(1)`` vector per

@@ -9,8 +9,9 @@ Windows of a batch may differ in length: shorter ones are padded and their paddi
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -51,6 +52,11 @@ class ChainDrafter(Drafter):
     """Jacobi chain windows of ``window`` rows (``window = 1`` is AR)."""
 
     name = "chain"
+
+    def compile_post(self, compile: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+        """Under ``engine.compile``: :func:`judge_windows` compiled, for windows of the step's ``L`` rows (shorter ones,
+        near an image's end, are judged eagerly by the same function; one-row windows have nothing to judge)."""
+        self.compiled_judge = compile(judge_windows)
 
     def new_state(self, slot: Slot, shared: torch.Tensor | None) -> ChainState:
         empty = torch.zeros((0, self.vocab), dtype=torch.float32, device=self.device)
@@ -154,13 +160,26 @@ def verify_chain_batch(drafter: Drafter, rule: AcceptanceRule, heads: list[Chain
         n_drafts = to_device([0 if w is None else w.rows - 1 for w in windows], device)
     if not drafter.body.any_forced:  # no forced position: nothing to exempt
         forced = None
+    compiled = drafter.compiled_judge
+    judge = compiled if compiled is not None and rows == drafter.window else judge_windows
+    committed, kinds, stats, counts, samples = judge(rule, target, target_entropy, drafts, draft_probs, forced, noise,
+                                                     n_drafts)
+    counts = counts.tolist()  # the one host synchronisation of the iteration
+    counts = [m if w is not None else 0 for m, w in zip(counts, windows, strict=True)]
+    return Verified(counts, committed, kinds, target_entropy, stats, None, samples)
+
+
+def judge_windows(rule: AcceptanceRule, target: torch.Tensor, target_entropy: torch.Tensor, drafts: torch.Tensor,
+                  draft_probs: torch.Tensor, forced: torch.Tensor | None, noise: WindowNoise,
+                  n_drafts: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+    """The tensor work of step 4 for ``B`` chain windows, arguments as :func:`csd.verify.verify_window`'s: the committed
+    tokens ``[B, rows]``, their kinds (COMMIT_*), the counters ``[B, len(STAT_KEYS)]``, the committed counts ``[B]``
+    (``n_accepted + 1``, still on the device) and every row's sample ``[B, rows]``. One function, so that
+    ``engine.compile`` runs it as one graph."""
     result, samples = verify_window(rule, target, target_entropy, drafts, draft_probs, forced, noise, n_drafts)
     # accepted (1) + relaxed (2: a relaxed draft is accepted), sampled (0) elsewhere and in the last row
     kinds = F.pad(result.accepted.long() + result.relaxed, (0, 1), value=COMMIT_SAMPLED)
-    stats = _stats(result, forced, n_drafts)
-    counts = (result.n_accepted + 1).tolist()  # the one host synchronisation of the iteration
-    counts = [m if w is not None else 0 for m, w in zip(counts, windows, strict=True)]
-    return Verified(counts, result.committed, kinds, target_entropy, stats, None, samples)
+    return result.committed, kinds, _stats(result, forced, n_drafts), result.n_accepted + 1, samples
 
 
 def _sample_rows(drafter: Drafter, heads: list[ChainHead | None], target: torch.Tensor, target_entropy: torch.Tensor,

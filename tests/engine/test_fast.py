@@ -13,12 +13,14 @@ tokens): the token-identity tests roll the fixed cache back after rejected carri
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
+from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 
 from csd.acceptance import CSD, SJD
-from csd.drafters.chain import ChainDrafter
+from csd.drafters.chain import ChainDrafter, judge_windows
 from csd.engine import JacobiEngine
 from csd.fast import CompiledStep
 from csd.ragged import SlotBatch, reference_logits
@@ -140,23 +142,26 @@ def batch_requests(n: int, offset: int = 0) -> list[Request]:
     return [Request(BATCH_PROMPTS[i % len(BATCH_PROMPTS)], seed=offset + 7 * i, key=i) for i in range(n)]
 
 
-def unique_graphs() -> int:
-    return torch._dynamo.utils.counters["stats"]["unique_graphs"]
+def graphs(fn) -> int:
+    """The graphs dynamo holds for ``fn``'s code (one per input shape and guard set)."""
+    return len(_debug_get_cache_entry_list(fn.__code__))
 
 
 @pytest.mark.slow
 def test_batched_compiled_engine_two_graphs_no_recompile_same_tokens():
-    """B = 3 on the compiled step: exactly two graphs ([3 * 2, 5] and [3 * 2, 1]) for every prompt, refill and
-    rule, and the tokens / NFE / stats of the batched eager engine and of batch 1."""
+    """B = 3 on the compiled step: exactly two step graphs ([3 * 2, 5] and [3 * 2, 1]) for every prompt, refill and
+    rule, the verification of full windows compiled once per rule and window kind (every window full; some shorter or
+    empty, padded), and the tokens / NFE / stats of the batched eager engine and of batch 1."""
     torch.compiler.reset()
     adapter = rejecting_janus()
     compiled = CompiledStep(adapter, backend="aot_eager")
-    before = unique_graphs()
-    decode_many(adapter, 3, batch_requests(3), compiled, SJD(), window=1)  # q = 1
-    decode_many(adapter, 3, batch_requests(3), compiled, SJD())  # q = 5
-    assert unique_graphs() - before == 2
-    assert compiled.cache.rows == 6 and compiled.cache.fixed
     reqs = batch_requests(7, offset=100)  # more requests than slots: refills, and a partly empty last batch
+    decode_many(adapter, 3, batch_requests(3), compiled, SJD(), window=1)  # q = 1
+    for rule in (SJD(), CSD(lam=0.5, delta=0.9)):  # q = 5, and each rule's verification
+        decode_many(adapter, 3, reqs, compiled, rule)
+    step = type(adapter).decode_step
+    assert graphs(step) == 2 and graphs(judge_windows) == 4
+    assert compiled.cache.rows == 6 and compiled.cache.fixed
     exercised = []
     with torch.compiler.set_stance("fail_on_recompile"):
         for rule in (SJD(), CSD(lam=0.5, delta=0.9)):
@@ -165,7 +170,7 @@ def test_batched_compiled_engine_two_graphs_no_recompile_same_tokens():
             assert batched == decode_many(adapter, 1, reqs, None, rule)
         with pytest.raises(RuntimeError, match="recompile"):  # the check is live: a third shape would compile
             decode_many(adapter, 3, reqs[:3], compiled, SJD(), window=3)
-    assert unique_graphs() - before == 2
+    assert graphs(step) == 2 and graphs(judge_windows) == 4
     # measured (SJD, CSD): 43, 29 rejections; 23, 7 of a carried draft; 14, 8 iterations with uneven advances
     for counts in exercised:
         assert counts.rejections >= 12 and counts.carried_rejections >= 3 and counts.uneven >= 4, counts
@@ -223,3 +228,30 @@ def test_toy_model_batched_compiled_engine_matches_eager():
     rule = CSD(lam=0.5, delta=0.9)
     compiled = CompiledStep(adapter, backend="aot_eager")
     assert decode_many(adapter, 3, reqs, compiled, rule, window=8) == decode_many(adapter, 3, reqs, None, rule, window=8)
+
+
+@pytest.mark.parametrize("method", sorted({path.stem for path in Path("conf/method").glob("*.yaml")}))
+def test_every_rule_verifies_fullgraph_with_eager_results(method):
+    """Each method's rule (``conf/method/``) through :func:`judge_windows` compiled as ``engine.compile`` compiles it
+    (fullgraph: a graph break is an error), on two 6-row windows of the tiny Janus's 16 codes with drafts the target
+    mostly rejects: the eager function's tokens, kinds, counters, counts and samples, exactly."""
+    from csd.acceptance import entropy
+    from csd.compose import build_rule
+    from csd.verify import WindowNoise
+    from tests.helpers import make_cfg
+
+    adapter = rejecting_janus()
+    rule = build_rule(make_cfg(f"method={method}").method)
+    rule.setup(adapter)
+    gen = torch.Generator().manual_seed(0)
+    target = torch.softmax(3 * torch.randn((2, 6, 16), generator=gen), -1)
+    draft_probs = torch.softmax(3 * torch.randn((2, 5, 16), generator=gen), -1)
+    drafts = torch.multinomial(draft_probs.view(-1, 16), 1, generator=gen).view(2, 5)
+    noise = WindowNoise.draw(2, 6, 16, gen, torch.device("cpu"))
+    args = (rule, target, entropy(target), drafts, draft_probs, None, noise, None)
+    torch.compiler.reset()
+    compiled = CompiledStep(adapter, backend="eager").compile(judge_windows)
+    for got, want in zip(compiled(*args), judge_windows(*args), strict=True):
+        assert torch.equal(got, want)
+    counts = judge_windows(*args)[3]
+    assert counts.min() < 6  # a rejection: the residual's sample is judged too

@@ -20,7 +20,8 @@ import torch
 from csd.acceptance import CSD, SJD
 from csd.fast import CompiledStep
 from csd.slot import Request
-from tests.engine.test_fast import batch_requests, decode_many, unique_graphs
+from csd.drafters.chain import judge_windows
+from tests.engine.test_fast import batch_requests, decode_many, graphs
 from tests.helpers import rejecting_janus
 
 pytestmark = [pytest.mark.slow, pytest.mark.inductor]
@@ -43,15 +44,17 @@ def test_inductor_two_graphs_no_recompilation_eager_tokens(case):
     torch.compiler.reset()
     adapter, requests, window = case()
     for batch in (1, 3):
+        torch.compiler.reset()
         compiled = CompiledStep(adapter, backend="inductor")
-        before = unique_graphs()
-        for w in (1, window):  # trace q = 1 and q = L on the batch's first images
-            decode_many(adapter, batch, requests[:batch], compiled, SJD(), window=w)
-        assert unique_graphs() - before == 2
+        step = type(adapter).decode_step
+        decode_many(adapter, batch, requests[:batch], compiled, SJD(), window=1)  # trace q = 1
+        for rule in (SJD(), CSD(lam=0.5, delta=0.9)):  # q = L, and each rule's verification of every window kind
+            decode_many(adapter, batch, requests, compiled, rule, window=window)
+        assert graphs(step) == 2 and graphs(judge_windows) == (2 if batch == 1 else 4)
         with torch.compiler.set_stance("fail_on_recompile"):
             for rule in (SJD(), CSD(lam=0.5, delta=0.9)):
                 compiled_out = decode_many(adapter, batch, requests, compiled, rule, window=window)
                 assert compiled_out == decode_many(adapter, batch, requests, None, rule, window=window)
             with pytest.raises(RuntimeError, match="recompile"):  # the check is live: a third shape would compile
                 decode_many(adapter, batch, requests[:batch], compiled, SJD(), window=window - 1)
-        assert unique_graphs() - before == 2
+        assert graphs(step) == 2 and graphs(judge_windows) == (2 if batch == 1 else 4)
