@@ -12,12 +12,19 @@ inputs, positions and mask, ``SlotBatch.forward`` minus ``decode_step``), ``targ
 forward, and the finished image's record) and ``rest`` (everything else of the pass). The steps are timed by wrapping
 the engine's, drafter's and batch's methods from the outside (a few microseconds per iteration), never in the hot path.
 
+``--compile BACKEND`` measures the compiled path (``engine.compile=true``: the decode step and the verification of full
+windows compiled, ``csd.fast.CompiledStep``; ``forward`` is then the compiled step) after a warm-up that compiles every
+shape (one fixed cache sized for the longest caption). ``--clock cpu`` times with the thread's CPU time instead of the
+wall clock: on a shared virtual machine the hypervisor's steal time lands in wall-clock timings at random (it does not
+in CPU time), and one thread does all the work.
+
 Only the public engine API is used, so the same file measures another checkout (``--checkout DIR``: csd is imported
 from DIR). ``--pair DIR`` runs this file ``--rounds`` times on this checkout and on DIR in alternating order
 (subprocesses, one after the other), prints the after / before ratios and checks that both decoded the same tokens.
 
     python -m experiments.bench_overhead --methods ar sjd csd --batch-sizes 1,16 --images 6
     python -m experiments.bench_overhead --methods ar sjd csd --pair ../baseline-checkout --rounds 3
+    python -m experiments.bench_overhead --methods ar sjd csd --batch-sizes 1 --compile inductor --clock cpu
 
 Prints a table; ``--json FILE`` appends one line per measurement.
 """
@@ -76,39 +83,67 @@ def build(checkout: Path, method: str) -> tuple[Any, Any]:
     return rules[rule](), get_class(OmegaConf.load(checkout / "conf" / "drafter" / f"{name}.yaml")._target_)(**keys)
 
 
+CLOCKS = {"wall": time.perf_counter, "cpu": time.thread_time}
+
+
 class Timers:
     """Seconds per step, filled by wrappers around methods (``wrap``); ``forward`` is the model forward."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: str = "wall") -> None:
         self.seconds: dict[str, float] = defaultdict(float)
-        self.on = False
+        self.clock = CLOCKS[clock]
+        self.undo: list[tuple[Any, str, Any]] = []
 
     def wrap(self, owner: Any, attr: str, key: str) -> None:
-        """Replace ``owner.attr`` (an instance attribute shadowing the method) by a timed call of it."""
+        """Replace ``owner.attr`` (an instance attribute shadowing the method, or a class's function) by a timed call
+        of it; :meth:`restore` puts back what the wrappers replaced."""
         inner = getattr(owner, attr)
-        seconds = self.seconds
+        seconds, clock = self.seconds, self.clock
+        self.undo.append((owner, attr, owner.__dict__.get(attr)))
 
         @functools.wraps(inner)
         def timed(*args: Any, **kwargs: Any) -> Any:
-            start = time.perf_counter()
+            start = clock()
             try:
                 return inner(*args, **kwargs)
             finally:
-                seconds[key] += time.perf_counter() - start
+                seconds[key] += clock() - start
 
         setattr(owner, attr, timed)
 
+    def restore(self) -> None:
+        for owner, attr, before in reversed(self.undo):
+            if before is None:
+                delattr(owner, attr)
+            else:
+                setattr(owner, attr, before)
 
-def measure(checkout: Path, adapter: Any, method: str, batch: int, images: int, captions: list[str]) -> dict[str, Any]:
+
+def measure(checkout: Path, adapter: Any, method: str, batch: int, images: int, captions: list[str],
+            compile_backend: str | None = None, clock: str = "wall") -> dict[str, Any]:
     """One timed pass: seconds, iterations, seconds per step, and a digest of every image's tokens."""
     import csd.engine as engine_module
     from csd.engine import JacobiEngine, Request
+    from csd.ragged import SlotBatch
 
     rule, drafter = build(checkout, method)
-    engine = JacobiEngine(adapter, rule, drafter, batch_size=batch)
-    engine.generate(captions[0], 0)  # warm-up (untimed); builds the engine's SlotBatch, reused below
-    state = engine._batch
-    timers = Timers()
+    requests = [Request(captions[i % len(captions)], i, i) for i in range(images)]
+    compiled = None
+    if compile_backend is not None:  # one fixed cache for every caption: no shape changes after the warm-up
+        from csd.cache import default_cache_len
+        from csd.fast import CompiledStep
+
+        body = adapter.layout.length
+        longest = max(default_cache_len(len(adapter.prompt_inputs(r.prompt)[0]) - 1, body) for r in requests)
+        compiled = CompiledStep(adapter, longest, compile_backend)
+    engine = JacobiEngine(adapter, rule, drafter, batch_size=batch, compiled=compiled)
+    # warm-up (untimed): builds the engine's SlotBatch (reused by the eager path); compiled, the same images trace
+    # every shape the timed pass meets
+    list(engine.generate_many(requests if compiled is not None else requests[:1]))
+    # the compiled path builds a SlotBatch per call: its methods are timed on the class
+    state = engine._batch if compiled is None else SlotBatch
+    timers = Timers(clock)
+    now = timers.clock
     # outermost first: a step's own time is its wrapper's minus the inner wrappers' (the model forward)
     timers.wrap(engine, "_iteration", "iteration")
     timers.wrap(engine, "_start", "start_all")
@@ -116,14 +151,17 @@ def measure(checkout: Path, adapter: Any, method: str, batch: int, images: int, 
     timers.wrap(engine.drafter, "propose", "propose")
     timers.wrap(state, "forward", "feed_all")
     timers.wrap(engine, "pipeline", "pipeline")
-    original_entropy = engine_module.entropy
     timers.wrap(engine_module, "entropy", "entropy")
     timers.wrap(engine.drafter, "verify", "verify")
     timers.wrap(engine.drafter, "refresh", "refresh")
     timers.wrap(state, "rollback", "rollback_")
     timers.wrap(state, "keep", "keep")
     timers.wrap(engine, "_advance", "commit")
-    timers.wrap(adapter, "decode_step", "forward")  # last: the innermost call
+    if compiled is None:
+        timers.wrap(adapter, "decode_step", "forward")  # last: the innermost call
+    else:
+        timers.wrap(compiled, "step_fn", "forward")
+        timers.wrap(adapter, "decode_step", "prefill")  # the compiled path's prefills run the eager step
     forward_in = {"feed": 0.0}
     feed_all = state.forward
 
@@ -143,15 +181,14 @@ def measure(checkout: Path, adapter: Any, method: str, batch: int, images: int, 
         return step(*args)
 
     engine._iteration = counted
-    requests = [Request(captions[i % len(captions)], i, i) for i in range(images)]
     try:
-        start = time.perf_counter()
+        start = now()
         gens = [gen for _, gen in engine.generate_many(requests)]
-        seconds = time.perf_counter() - start
+        seconds = now() - start
     finally:
-        engine_module.entropy = original_entropy
-        del adapter.decode_step
+        timers.restore()
     t = timers.seconds
+    t["forward"] += t["prefill"]
     prefill_forward = t["forward"] - forward_in["feed"]
     steps = {
         "propose": t["propose"], "feed": t["feed_all"] - forward_in["feed"], "target": t["pipeline"] + t["entropy"],
@@ -194,19 +231,21 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
                     print(f"| {args.label} | {method} | {batch} | {r} | {problem} |", flush=True)
                     continue
                 images = max(args.images, batch)  # at B > 1 every slot decodes an image
-                row = measure(checkout, adapter, method, batch, images, captions)
+                row = measure(checkout, adapter, method, batch, images, captions, args.compile, args.clock)
                 print(f"| {args.label} | {method} | {batch} | {r} | " + " | ".join(row_cells(row)) + f" | {row['tokens']} |",
                       flush=True)
                 if args.json is not None:
                     with args.json.open("a") as out:
                         out.write(json.dumps({"label": args.label, "method": method, "batch": batch, "round": r,
-                                              "images": images, **row}) + "\n")
+                                              "images": images, "compile": args.compile, "clock": args.clock,
+                                              **row}) + "\n")
 
 
 def pair(args: argparse.Namespace) -> None:
     """``--rounds`` rounds of this checkout (``after``) and ``--pair`` (``before``) in alternating order; the after /
     before ratios of every round and the check that both decoded the same tokens."""
-    common = ["--methods", *args.methods, "--batch-sizes", args.batch_sizes, "--images", str(args.images)]
+    common = ["--methods", *args.methods, "--batch-sizes", args.batch_sizes, "--images", str(args.images),
+              "--clock", args.clock, *(["--compile", args.compile] if args.compile else [])]
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "rows.jsonl"
         for r in range(args.rounds):
@@ -255,6 +294,10 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--checkout", type=Path, default=None,
                         help="measure the csd of this checkout (an older one) instead of this repository's")
+    parser.add_argument("--compile", default=None, choices=["inductor", "aot_eager", "eager"],
+                        help="measure the compiled path (engine.compile=true) with this torch.compile backend")
+    parser.add_argument("--clock", default="wall", choices=sorted(CLOCKS),
+                        help="wall: elapsed time; cpu: the thread's CPU time (steal time of a shared VM left out)")
     parser.add_argument("--pair", type=Path, default=None,
                         help="before / after: alternate runs of this checkout and of this one, compare their tokens")
     args = parser.parse_args()

@@ -1,6 +1,6 @@
 """The compiled path (``csd.fast.CompiledStep``): token identity with the eager path on the same ragged cache,
-exactly two graphs and no recompilation across prompts, refills and batches, rollback of the fixed cache, and the
-latency benchmark's CPU smoke run.
+exactly two step graphs and no recompilation across prompts, refills and batches, the verification compiled for every
+rule, rollback of the fixed cache, and the latency benchmark's CPU smoke run.
 
 The compiled step uses the ``aot_eager`` backend: the same full-graph, fixed-shape trace as inductor (graph breaks and
 recompilations show up identically) without minutes of C++ code generation on a CPU. Inductor itself is tested in

@@ -2,7 +2,8 @@
 generation and C++ kernels, not only the trace that ``aot_eager`` checks in tests/engine/test_fast.py).
 
 On the toy model and the tiny Janus (``tests.helpers.rejecting_janus``), at batch 1 and B = 3: the step compiles
-fullgraph (a graph break is an error) into exactly two graphs, ``q = 1`` and ``q = L``; more prompts than slots
+fullgraph (a graph break is an error) into exactly two graphs, ``q = 1`` and ``q = L``, and the verification of full
+windows (``csd.drafters.chain.judge_windows``) into one graph per rule (two at B = 3: some windows padded); more prompts than slots
 (refills, a partly empty last batch), prompts of other lengths (the tiny Janus's byte prompts) and images whose last
 window is partial (padded to L) decode without any recompilation, with the eager path's tokens, NFE, stats and
 commit iterations in fp32, for SJD and CSD.
@@ -18,9 +19,9 @@ import pytest
 import torch
 
 from csd.acceptance import CSD, SJD
+from csd.drafters.chain import judge_windows
 from csd.fast import CompiledStep
 from csd.slot import Request
-from csd.drafters.chain import judge_windows
 from tests.engine.test_fast import batch_requests, decode_many, graphs
 from tests.helpers import rejecting_janus
 
