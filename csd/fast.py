@@ -67,10 +67,12 @@ class CompiledStep:
         return cache
 
     def compile(self, fn: Callable[..., Any]) -> Callable[..., Any]:
-        """``fn`` compiled as the step is (this backend, graph-break free, one graph per input shape) but without CUDA
-        graphs: the engine's verification (docs/PERFORMANCE.md, "Engine overhead"), whose outputs outlive the iteration
-        (the row samples become the next drafts), which a replay would overwrite."""
-        return torch.compile(fn, backend=self.backend, fullgraph=True, dynamic=False)
+        """``fn`` compiled with the step's backend, one graph per input shape, but without CUDA graphs (the engine's
+        verification, docs/PERFORMANCE.md "Engine overhead", whose outputs outlive the iteration: the row samples become
+        the next drafts, which a replay would overwrite) and without ``fullgraph``: past dynamo's recompile limit (8
+        graphs of one function; a sweep of many rules and batch sizes in one process) ``fn`` runs eagerly, with dynamo's
+        warning, where ``fullgraph`` would stop the run. That every rule traces without a graph break is tested."""
+        return torch.compile(fn, backend=self.backend, dynamic=False)
 
     def __call__(self, *args: Any) -> torch.Tensor:
         """The compiled step, as a new CUDA-graph step whose output is cloned (a replay overwrites its output

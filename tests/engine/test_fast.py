@@ -232,8 +232,8 @@ def test_toy_model_batched_compiled_engine_matches_eager():
 
 @pytest.mark.parametrize("method", sorted({path.stem for path in Path("conf/method").glob("*.yaml")}))
 def test_every_rule_verifies_fullgraph_with_eager_results(method):
-    """Each method's rule (``conf/method/``) through :func:`judge_windows` compiled as ``engine.compile`` compiles it
-    (fullgraph: a graph break is an error), on two 6-row windows of the tiny Janus's 16 codes with drafts the target
+    """Each method's rule (``conf/method/``) through :func:`judge_windows` compiled with ``fullgraph`` (a graph break is
+    an error; ``engine.compile`` compiles it without, ``CompiledStep.compile``), on two 6-row windows of the tiny Janus's 16 codes with drafts the target
     mostly rejects: the eager function's tokens, kinds, counters, counts and samples, exactly."""
     from csd.acceptance import entropy
     from csd.compose import build_rule
@@ -250,8 +250,29 @@ def test_every_rule_verifies_fullgraph_with_eager_results(method):
     noise = WindowNoise.draw(2, 6, 16, gen, torch.device("cpu"))
     args = (rule, target, entropy(target), drafts, draft_probs, None, noise, None)
     torch.compiler.reset()
-    compiled = CompiledStep(adapter, backend="eager").compile(judge_windows)
+    compiled = torch.compile(judge_windows, backend="eager", fullgraph=True, dynamic=False)
     for got, want in zip(compiled(*args), judge_windows(*args), strict=True):
         assert torch.equal(got, want)
     counts = judge_windows(*args)[3]
     assert counts.min() < 6  # a rejection: the residual's sample is judged too
+
+
+def test_more_verification_graphs_than_dynamo_keeps_run_eagerly():
+    """One process may verify under ``engine.compile`` with more rules and batch shapes than dynamo keeps graphs of
+    one function (its recompile limit, 8): a Hydra sweep on the basic launcher runs every job in one process. The
+    verification then runs eagerly, with the same results, instead of stopping the run."""
+    from csd.acceptance import entropy
+    from csd.verify import WindowNoise
+
+    adapter = rejecting_janus()
+    compiled = CompiledStep(adapter, backend="eager").compile(judge_windows)
+    torch.compiler.reset()
+    gen = torch.Generator().manual_seed(1)
+    for batch in range(1, torch._dynamo.config.recompile_limit + 3):
+        target = torch.softmax(3 * torch.randn((batch, 4, 16), generator=gen), -1)
+        draft_probs = torch.softmax(3 * torch.randn((batch, 3, 16), generator=gen), -1)
+        drafts = draft_probs.argmax(-1)
+        noise = WindowNoise.draw(batch, 4, 16, gen, torch.device("cpu"))
+        args = (SJD(), target, entropy(target), drafts, draft_probs, None, noise, None)
+        for got, want in zip(compiled(*args), judge_windows(*args), strict=True):
+            assert torch.equal(got, want)
