@@ -5,8 +5,9 @@ non-editable install (``pip install .``, a wheel on a cluster) finds the files a
 from __future__ import annotations
 
 import fnmatch
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
 
