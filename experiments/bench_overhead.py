@@ -134,7 +134,7 @@ def measure(checkout: Path, adapter: Any, method: str, batch: int, images: int, 
         from csd.fast import CompiledStep
 
         body = adapter.layout.length
-        longest = max(default_cache_len(len(adapter.prompt_inputs(r.prompt)[0]) - 1, body) for r in requests)
+        longest = max(default_cache_len(max(map(len, adapter.prompt_inputs(r.prompt))) - 1, body) for r in requests)
         compiled = CompiledStep(adapter, longest, compile_backend)
     engine = JacobiEngine(adapter, rule, drafter, batch_size=batch, compiled=compiled)
     # warm-up (untimed): builds the engine's SlotBatch (reused by the eager path); compiled, the same images trace
