@@ -22,14 +22,25 @@ StepFn = Callable[..., torch.Tensor]
 
 
 def compile_step(step: StepFn, backend: str = "inductor") -> StepFn:
-    """``step`` compiled once per input shape, graph-break free, never dynamic.
+    """``step`` compiled once per input shape, graph-break free, never dynamic, its graphs its own.
 
-    With ``inductor`` on CUDA, ``mode="reduce-overhead"`` captures each shape as a CUDA graph. Other
-    backends (``aot_eager``, ``eager``) trace the same full graph without generating code: CPU tests use
-    them to check that the step compiles without graph breaks or recompilations in seconds.
+    With ``inductor`` on CUDA, ``triton.cudagraphs`` (``mode="reduce-overhead"``) captures each shape as a CUDA graph.
+    Other backends (``aot_eager``, ``eager``) trace the same full graph without generating code: CPU tests use them to
+    check that the step compiles without graph breaks or recompilations in seconds.
+
+    Guards: every call checks dynamo's guards before it replays a graph. Kept: those on the step's arguments (ids,
+    positions, mask, the cache's buffers and host fields), the global state and the module globals the traced code
+    reads. Dropped (``torch.compiler.skip_guard_on_all_nn_modules_unsafe``): those on the model's module tree, its
+    attributes, hooks, submodules and parameters, one set per decoder layer, whose check cost grows with depth (docs/
+    PERFORMANCE.md "Guards"). The model is taken as frozen once compiled: one changed in place afterwards (attributes,
+    hooks, layers, a parameter's dtype or device) needs a new :class:`CompiledStep`. ``isolate_recompiles`` keeps each
+    call's graphs to itself, so another adapter of the same class, whose module tree those guards would have told
+    apart, never replays them.
     """
-    mode = {"mode": "reduce-overhead"} if backend == "inductor" else {}
-    return torch.compile(step, backend=backend, fullgraph=True, dynamic=False, **mode)
+    options: dict[str, Any] = {"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}
+    if backend == "inductor":
+        options |= torch._inductor.list_mode_options("reduce-overhead")
+    return torch.compile(step, backend=backend, fullgraph=True, dynamic=False, options=options, isolate_recompiles=True)
 
 
 class CompiledStep:

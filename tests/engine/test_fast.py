@@ -176,6 +176,46 @@ def test_batched_compiled_engine_two_graphs_no_recompile_same_tokens():
         assert counts.rejections >= 12 and counts.carried_rejections >= 3 and counts.uneven >= 4, counts
 
 
+def norm_epsilons(adapter, eps: float) -> None:
+    """Every RMS norm of ``adapter``'s decoder set to ``eps``: a constant of the module tree that a graph bakes in."""
+    for module in adapter.decoder().modules():
+        if hasattr(module, "variance_epsilon"):
+            module.variance_epsilon = eps
+
+
+@pytest.mark.slow
+def test_compiled_step_graphs_belong_to_their_adapter():
+    """The step's guards skip the model's module tree (csd.fast.compile_step), so each compiled step keeps its graphs
+    to itself: two adapters of one class and shapes that differ in a baked-in constant (the norms' epsilon) each
+    decode their own eager tokens, in one process, alternately."""
+    torch.compiler.reset()
+    plain, odd = rejecting_janus(), rejecting_janus()
+    norm_epsilons(odd, 30.0)
+    steps = {id(a): CompiledStep(a, backend="eager") for a in (plain, odd)}
+    tokens = {}
+    for adapter in (plain, odd, plain, odd):
+        ref = decode(adapter, SJD(), 3, None, PROMPTS[0], 0)
+        assert torch.equal(decode(adapter, SJD(), 3, steps[id(adapter)], PROMPTS[0], 0).tokens, ref.tokens)
+        tokens[id(adapter)] = ref.tokens
+    assert not torch.equal(tokens[id(plain)], tokens[id(odd)])  # the constant matters
+
+
+@pytest.mark.slow
+def test_compiled_step_does_not_guard_the_module_tree():
+    """A call checks the guards on its arguments, not those on the model's modules (one set per decoder layer, the
+    cost of a call that grows with depth): a module attribute changed after compiling replays the graph (the model is
+    documented as frozen once compiled), a new argument shape compiles a new one."""
+    torch.compiler.reset()
+    adapter = rejecting_janus()
+    compiled = CompiledStep(adapter, backend="eager")
+    decode(adapter, SJD(), 3, compiled, PROMPTS[0], 0)
+    norm_epsilons(adapter, 30.0)
+    with torch.compiler.set_stance("fail_on_recompile"):
+        decode(adapter, SJD(), 3, compiled, PROMPTS[0], 0)
+        with pytest.raises(RuntimeError, match="recompile"):
+            decode(adapter, SJD(), 4, compiled, PROMPTS[0], 0)
+
+
 @pytest.mark.slow
 def test_batched_compiled_engine_one_host_sync_per_iteration(monkeypatch):
     """As ``tests/engine/test_batched.py``: one read of the committed counts per iteration, plus one per image."""
