@@ -183,9 +183,7 @@ class RaggedCache:
                 key_group = groups.gather(1, rel.clamp(0, q - 1))
                 same = (key_group[:, None, :] == groups[:, :, None]) | (key_group == 0)[:, None, :]
                 visible &= ~inside[:, None, :] | same
-        elif self.fixed:
-            visible = torch.arange(self._bound, device=self.device) <= positions[:, :, None]
-        else:  # the same values, read from a table: one gather instead of four kernels per forward
+        else:  # causal: read from a table, one gather instead of four kernels per forward
             return self.causal_masks()[:, : self._bound][positions]
         mask = torch.zeros(visible.shape, dtype=self.dtype, device=self.device)
         return mask.masked_fill_(~visible, torch.finfo(self.dtype).min)

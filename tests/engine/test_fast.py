@@ -250,6 +250,27 @@ def test_compiled_cache_has_a_fixed_capacity():
         sized.forward(torch.zeros(2, free + 1, dtype=torch.long), [True, True], [True, False])
 
 
+def test_fixed_cache_mask_is_causal_over_the_whole_capacity():
+    """The compiled path's mask (``RaggedCache.extend`` on a fixed cache, read from the causal table): for rows of
+    different lengths and either window length, 0 where key ``k <= position``, the dtype's minimum after, over the
+    whole capacity (the graphs' one key bound)."""
+    from transformers import LlamaConfig
+
+    from csd.cache import RaggedCache
+
+    config = LlamaConfig(hidden_size=8, num_attention_heads=2, num_key_value_heads=1, num_hidden_layers=1)
+    cache = RaggedCache(config, 3, 24, torch.float32, torch.device("cpu"), fixed=True)
+    cache.extend(slice(0, 3), 2)
+    cache.extend(slice(0, 3), 3, advance=[True, False, True])
+    for q in (1, 4):
+        start = cache.lengths.clone()
+        positions, mask = cache.extend(slice(0, 3), q)
+        assert torch.equal(positions, start[:, None] + torch.arange(q))
+        keys = torch.arange(24)
+        want = torch.where(keys <= positions[:, :, None], 0.0, torch.finfo(torch.float32).min)
+        assert mask.shape == (3, 1, q, 24) and torch.equal(mask[:, 0], want)
+
+
 def test_adapters_without_a_compiled_path_are_refused():
     from tests.helpers import rejecting_lumina
 
