@@ -86,7 +86,8 @@ def check_cost(layers: int, calls: int, keep_all: bool) -> tuple[int, int, float
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m experiments.bench_guards", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--layers", default="4,16,30", help="comma-separated decoder depths")
     parser.add_argument("--calls", type=int, default=500, help="guard checks per timing")
     parser.add_argument("--json", type=Path, help="append one JSON line per depth")
