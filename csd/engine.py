@@ -6,7 +6,7 @@ for every image in flight at once (ragged: each has its own ``n``, window and ac
 
 1. propose: each slot's window (anchor, drafts, recorded draft laws, chain or tree structure), padded to one shape;
 2. forward: one model forward for the whole batch;
-3. target: the processors turn logits into ``q`` per row (CFG, temperature, top-k);
+3. target: the processors turn logits into ``q`` per row (CFG, temperature, top-k; compiled, in the step's graph);
 4. verify: the rule accepts a prefix (a path, for trees) and the residual or bonus sample ends it; the only host
    synchronisation of the iteration reads how many tokens each slot commits (none when every window has one row:
    AR, the AR tail);
@@ -154,12 +154,16 @@ class JacobiEngine:
             raw, proposal.features = state.forward(proposal.ids, proposal.from_prompt, proposal.active,
                                                    tree=proposal.tree, features=True, shift=proposal.shift,
                                                    groups=proposal.groups)
-        else:
-            raw = state.forward(proposal.ids, proposal.from_prompt, proposal.active, tree=proposal.tree,
-                                shift=proposal.shift, groups=proposal.groups)
+            folded = None
+        else:  # compiled: the target of every column comes out of the step's graph
+            raw, folded = state.forward(proposal.ids, proposal.from_prompt, proposal.active, tree=proposal.tree,
+                                        shift=proposal.shift, groups=proposal.groups, target=self.pipeline)
         # 3 target
-        target = self.pipeline(raw[:, :, : proposal.rows])
-        target_entropy = entropy(target)
+        if folded is None:
+            target = self.pipeline(raw[:, :, : proposal.rows])
+            target_entropy = entropy(target)
+        else:
+            target, target_entropy = folded[0][:, : proposal.rows], folded[1][:, : proposal.rows]
         # 4 verify (the iteration's one host synchronisation)
         verified = self.drafter.verify(self.rule, slots, proposal, target, target_entropy)
         # 5 refresh

@@ -14,11 +14,28 @@ from typing import Any
 
 import torch
 
+from csd.acceptance import entropy
 from csd.adapters.base import ModelAdapter
 from csd.cache import RaggedCache, default_cache_len
 
 #: ``decode_step(inputs, cache, position_ids, attention_mask) -> logits``
 StepFn = Callable[..., torch.Tensor]
+#: the engine's target pipeline (``csd.processors.TargetPipeline``): raw logits ``[B, rows, K, V_raw]`` -> ``q [B, K, V]``
+TargetFn = Callable[[torch.Tensor], torch.Tensor]
+
+
+def step_and_target(step: StepFn, target: TargetFn | None, rows: int, ids: torch.Tensor, cache: RaggedCache,
+                    position_ids: torch.Tensor, attention_mask: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """One decode step and, with ``target``, the engine's target step on its output, as one function to compile:
+    raw logits ``[N, q, V_raw]`` (``N`` = slots x ``rows`` CFG rows), ``q = target(raw as [N / rows, rows, q, V_raw])``
+    for every column and its entropy ``H(q)`` (docs/ALGORITHMS.md "The engine loop", steps 2-3); without ``target``
+    the logits and two Nones."""
+    raw = step(ids, cache, position_ids, attention_mask)
+    if target is None:
+        return raw, None, None
+    q = target(raw.view(-1, rows, *raw.shape[1:]))
+    return raw, q, entropy(q)
 
 
 def compile_step(step: StepFn, backend: str = "inductor") -> StepFn:
@@ -55,7 +72,8 @@ class CompiledStep:
         if not adapter.compilable:
             raise ValueError(f"engine.compile=true: {type(adapter).__name__} has no compiled path; use engine.compile=false")
         self.adapter, self.max_cache_len, self.backend = adapter, max_cache_len, backend
-        self.step_fn = compile_step(adapter.decode_step, backend)
+        self.step_fn = compile_step(step_and_target, backend)
+        self.decode_step: StepFn = adapter.decode_step  # the one bound method the graphs were traced with
         self.cache: RaggedCache | None = None
 
     def cache_len_for(self, prompt_len: int) -> int:
@@ -85,8 +103,12 @@ class CompiledStep:
         warning, where ``fullgraph`` would stop the run. That every rule traces without a graph break is tested."""
         return torch.compile(fn, backend=self.backend, dynamic=False)
 
-    def __call__(self, *args: Any) -> torch.Tensor:
-        """The compiled step, as a new CUDA-graph step whose output is cloned (a replay overwrites its output
-        buffer, so the caller keeps a copy)."""
+    def __call__(self, ids: torch.Tensor, cache: RaggedCache, position_ids: torch.Tensor,
+                 attention_mask: torch.Tensor, target: TargetFn | None = None, rows: int = 1
+                 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """The compiled :func:`step_and_target` of the adapter's step (``rows``: CFG rows per slot), as a new CUDA-graph
+        step whose outputs are cloned (a replay overwrites its output buffers, so the caller keeps copies). One graph
+        per window length and ``target`` (the engine always passes its own)."""
         torch.compiler.cudagraph_mark_step_begin()
-        return self.step_fn(*args).clone()
+        out = self.step_fn(self.decode_step, target, rows, ids, cache, position_ids, attention_mask)
+        return tuple(None if t is None else t.clone() for t in out)  # type: ignore[return-value]

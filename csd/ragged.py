@@ -3,8 +3,9 @@
 body inputs, one decode step): prefill a slot, one forward for every slot's window, roll back or keep each slot's
 entries. :func:`reference_logits` is the no-cache oracle the tests compare it with.
 
-Compiled (``engine.compile=true``, ``csd.fast.CompiledStep``): the decode step is compiled, fed ``[B * rows, L]`` or
-``[B * rows, 1]`` (the engine pads windows), so two graphs in all. Position ids, write indices and the mask are
+Compiled (``engine.compile=true``, ``csd.fast.CompiledStep``): the decode step is compiled, with the engine's target
+step on its output (``forward(target=...)``), fed ``[B * rows, L]`` or ``[B * rows, 1]`` (the engine pads windows), so
+two graphs in all. Position ids, write indices and the mask are
 computed from the device ``lengths`` outside the graph (inputs of fixed shape, copied into a CUDA graph's static
 inputs); prefill is eager.
 """
@@ -24,11 +25,12 @@ from csd.tree import TreeMask
 
 class FixedStep(Protocol):
     """A decode step compiled for a fixed cache (``csd.fast.CompiledStep``): the cache it gives a batch, emptied, and
-    ``step(inputs, cache, position_ids, attention_mask) -> logits`` on it."""
+    ``step(inputs, cache, position_ids, attention_mask, target, rows) -> (logits, q, H(q))`` on it (``q``: ``target``
+    of the logits, None without it)."""
 
     def fixed_cache(self, rows: int, prompt_len: int) -> RaggedCache: ...
 
-    def __call__(self, *args: Any) -> torch.Tensor: ...
+    def __call__(self, *args: Any) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]: ...
 
 
 class SlotBatch:
@@ -110,7 +112,8 @@ class SlotBatch:
     @torch.no_grad()
     def forward(self, ids: torch.Tensor, from_prompt: Sequence[bool], active: Sequence[bool],
                 tree: TreeMask | None = None, features: bool = False, shift: torch.Tensor | None = None,
-                groups: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+                groups: torch.Tensor | None = None, target: Callable[[torch.Tensor], torch.Tensor] | None = None
+                ) -> torch.Tensor | tuple[torch.Tensor, Any]:
         """One forward of every slot's window ``ids [B, K]`` (column 0 the anchor; the prompt's last token where
         ``from_prompt``): raw logits ``[B, rows, K, V]``, row for row those of :func:`reference_logits`. Inactive
         slots' caches do not advance and their logits are meaningless. A row with an empty prompt has no context for
@@ -118,7 +121,10 @@ class SlotBatch:
         unguided). ``tree``: every slot's window is that tree (``RaggedCache.extend``; eager only). ``features``:
         also return the decoder's last hidden states ``[B, rows, K, D]`` the logits were computed from
         (``logits = adapter.head(features)``, the same forward), as ``(logits, features)``. ``shift [B, K]``: each
-        slot's position-id shifts and ``groups [B, K]`` its entries' chains (``RaggedCache.extend``; eager only)."""
+        slot's position-id shifts and ``groups [B, K]`` its entries' chains (``RaggedCache.extend``; eager only).
+        ``target`` (the engine's target pipeline, logits -> ``q [B, K, V]``): returns ``(logits, (q, H(q)))`` of every
+        column, computed in the compiled step's graph, or ``(logits, None)``, eagerly or when a column was replaced
+        (an empty prompt's first window): the caller computes them from the logits."""
         slots, k = ids.shape
         if slots != self.slots or self.prompt_tail is None:
             raise ValueError(f"forward needs ids for all {self.slots} slots after a prefill, got {slots}")
@@ -147,11 +153,14 @@ class SlotBatch:
             logits = self.adapter.head(hidden)
         elif self.compiled is None:
             logits = self.adapter.decode_step(inputs, self.cache, position_ids, mask)
-        else:  # the compiled step: one graph per window length K (1 or the engine's padded L)
-            logits = self.compiled(inputs.contiguous(), self.cache, position_ids, mask)
+        else:  # the compiled step (and target): one graph per window length K (1 or the engine's padded L)
+            logits, q, q_entropy = self.compiled(inputs.contiguous(), self.cache, position_ids, mask, target, rows)
         blind = [first and empty for first, row in zip(from_prompt, range(0, self.cache.rows, rows), strict=True)
                  for empty in self.no_prompt[row : row + rows]]
         logits = _first_row_where(blind, logits.view(slots, rows, k, -1))
+        if target is not None:
+            folded = (q, q_entropy) if self.compiled is not None and not any(blind) else None
+            return logits, folded
         if hidden is None:
             return logits
         return logits, _first_row_where(blind, hidden.view(slots, rows, k, -1))

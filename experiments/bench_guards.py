@@ -40,7 +40,7 @@ def check_cost(layers: int, calls: int, keep_all: bool) -> tuple[int, int, float
     from csd.adapters.toy import ToyAdapter, load_toy_adapter
     from csd.drafters.chain import ChainDrafter
     from csd.engine import JacobiEngine
-    from csd.fast import CompiledStep
+    from csd.fast import CompiledStep, step_and_target
     from csd.toy.domain import toy_prompts
 
     toy = load_toy_adapter()
@@ -70,8 +70,9 @@ def check_cost(layers: int, calls: int, keep_all: bool) -> tuple[int, int, float
         nonlocal seen
         seen += 1
         if seen == adapter.layout.length // 2:  # mid-image: the q = 1 graph, compiled on the first call
-            frame = dict(zip(("self", "ids", "cache", "position_ids", "attention_mask"), (adapter, *args), strict=True))
-            (entry,) = _debug_get_cache_entry_list(ToyAdapter.decode_step.__code__)
+            names = ("step", "target", "rows", "ids", "cache", "position_ids", "attention_mask")
+            frame = dict(zip(names, args, strict=True))
+            (entry,) = _debug_get_cache_entry_list(step_and_target.__code__)
             assert entry.guard_manager.check(frame), "the timed frame must pass the graph's guards"
             start = time.thread_time()
             for _ in range(calls):

@@ -7,7 +7,8 @@ of ``conf/drafter/``) decodes ``--images`` toy held-out captions (image ``i``: c
 of the pass / engine iterations, as ``experiments/bench_drafters.py``): ``ms/it``; ``forward``, the adapter's
 ``decode_step`` (prefills included: they are model forwards too); ``outside`` = 1 - forward / wall; and the wall time
 outside the model by engine step (docs/ALGORITHMS.md "The engine loop"): ``propose``, ``feed`` (the batch forward's
-inputs, positions and mask, ``SlotBatch.forward`` minus ``decode_step``), ``target`` (processors + entropy),
+inputs, positions and mask, ``SlotBatch.forward`` minus ``decode_step``), ``target`` (processors + entropy; on the
+compiled path they run in the step's graph, inside ``forward``),
 ``verify``, ``refresh``, ``rollback``, ``commit`` (the engine's per-slot commits), ``start`` (a slot's prefill minus its
 forward, and the finished image's record) and ``rest`` (everything else of the pass). The steps are timed by wrapping
 the engine's, drafter's and batch's methods from the outside (a few microseconds per iteration), never in the hot path.
@@ -39,6 +40,7 @@ if __spec__ is None:  # run by path: refused in one line naming the `python -m` 
 import argparse
 import functools
 import hashlib
+import inspect
 import json
 import subprocess
 import sys
@@ -150,7 +152,8 @@ def measure(checkout: Path, adapter: Any, method: str, batch: int, images: int, 
     timers.wrap(engine, "_finish", "finish")
     timers.wrap(engine.drafter, "propose", "propose")
     timers.wrap(state, "forward", "feed_all")
-    timers.wrap(engine, "pipeline", "pipeline")
+    if compiled is None or "target" not in inspect.signature(type(compiled).__call__).parameters:
+        timers.wrap(engine, "pipeline", "pipeline")  # else in the compiled step's graph: timed inside ``forward``
     timers.wrap(engine_module, "entropy", "entropy")
     timers.wrap(engine.drafter, "verify", "verify")
     timers.wrap(engine.drafter, "refresh", "refresh")

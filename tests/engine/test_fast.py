@@ -22,7 +22,7 @@ from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 from csd.acceptance import CSD, SJD
 from csd.drafters.chain import ChainDrafter, judge_windows
 from csd.engine import JacobiEngine
-from csd.fast import CompiledStep
+from csd.fast import CompiledStep, step_and_target
 from csd.ragged import SlotBatch, reference_logits
 from csd.slot import Request
 from experiments import bench_latency
@@ -159,7 +159,7 @@ def test_batched_compiled_engine_two_graphs_no_recompile_same_tokens():
     decode_many(adapter, 3, batch_requests(3), compiled, SJD(), window=1)  # q = 1
     for rule in (SJD(), CSD(lam=0.5, delta=0.9)):  # q = 5, and each rule's verification
         decode_many(adapter, 3, reqs, compiled, rule)
-    step = type(adapter).decode_step
+    step = step_and_target
     assert graphs(step) == 2 and graphs(judge_windows) == 4
     assert compiled.cache.rows == 6 and compiled.cache.fixed
     exercised = []
@@ -269,6 +269,29 @@ def test_fixed_cache_mask_is_causal_over_the_whole_capacity():
         keys = torch.arange(24)
         want = torch.where(keys <= positions[:, :, None], 0.0, torch.finfo(torch.float32).min)
         assert mask.shape == (3, 1, q, 24) and torch.equal(mask[:, 0], want)
+
+
+@torch.no_grad()
+def test_compiled_forward_computes_the_target_in_the_step():
+    """``SlotBatch.forward(target=...)`` on the compiled step: the target of every column and its entropy come out of
+    the step's graph, equal to the pipeline on the returned logits; where a row's first column is replaced (an empty
+    prompt's first window), none come out and the caller computes them from the logits."""
+    from csd.acceptance import entropy
+    from csd.processors import TargetPipeline
+
+    adapter = rejecting_janus()
+    pipeline = TargetPipeline.build(adapter.sampling, adapter.raw_image_columns)
+    batch = SlotBatch(adapter, 2, CompiledStep(adapter, backend="aot_eager"))
+    for slot, prompt in enumerate(PROMPTS[:2]):
+        batch.prefill(slot, prompt)
+    ids = torch.randint(16, (2, 5), generator=torch.Generator().manual_seed(0))
+    logits, folded = batch.forward(ids, [True, True], [True, True], target=pipeline)
+    q, q_entropy = folded
+    assert q.shape == (2, 5, 16) and torch.equal(q, pipeline(logits)) and torch.equal(q_entropy, entropy(q))
+    batch.rollback([5, 5])
+    batch.no_prompt[3] = True  # slot 1's second row: as if its prompt were empty
+    again, folded = batch.forward(ids, [True, True], [True, True], target=pipeline)
+    assert folded is None and torch.equal(again[0], logits[0]) and torch.equal(again[1, 1, 0], logits[1, 0, 0])
 
 
 def test_adapters_without_a_compiled_path_are_refused():

@@ -20,7 +20,7 @@ import torch
 
 from csd.acceptance import CSD, SJD
 from csd.drafters.chain import judge_windows
-from csd.fast import CompiledStep
+from csd.fast import CompiledStep, step_and_target
 from csd.slot import Request
 from tests.engine.test_fast import batch_requests, decode_many, graphs
 from tests.helpers import rejecting_janus
@@ -47,7 +47,7 @@ def test_inductor_two_graphs_no_recompilation_eager_tokens(case):
     for batch in (1, 3):
         torch.compiler.reset()
         compiled = CompiledStep(adapter, backend="inductor")
-        step = type(adapter).decode_step
+        step = step_and_target
         decode_many(adapter, batch, requests[:batch], compiled, SJD(), window=1)  # trace q = 1
         for rule in (SJD(), CSD(lam=0.5, delta=0.9)):  # q = L, and each rule's verification of every window kind
             decode_many(adapter, batch, requests, compiled, rule, window=window)
