@@ -1,8 +1,9 @@
-"""The compiled decoding path (docs/PERFORMANCE.md): an adapter's decode step compiled once per input shape.
+"""The compiled decoding path (docs/PERFORMANCE.md): an adapter's decode step, with the engine's target step on its
+output, compiled once per input shape.
 
 Eager decoding is bound by Python and kernel launches, not by the GPU. The compiled path keeps every decode
 forward at one of two fixed shapes (``q = 1`` and ``q = L``: the engine pads drafts to the window) on one
-fixed-capacity ``csd.cache.RaggedCache``, so that ``torch.compile(mode="reduce-overhead")`` can capture each shape
+fixed-capacity ``csd.cache.RaggedCache``, so that inductor's ``reduce-overhead`` mode can capture each shape
 once as a CUDA graph and replay it for every prompt and batch. Prefill (any prompt length) runs eagerly on the
 same cache.
 """
@@ -61,7 +62,8 @@ def compile_step(step: StepFn, backend: str = "inductor") -> StepFn:
 
 
 class CompiledStep:
-    """``adapter.decode_step`` compiled (:func:`compile_step`), and the fixed-capacity cache it runs on.
+    """``adapter.decode_step`` and the engine's target step compiled together (:func:`step_and_target`,
+    :func:`compile_step`), and the fixed-capacity cache it runs on.
 
     The cache of the last batch is kept and reused by the next one of the same shape (new buffers would
     re-record the CUDA graphs); one batch decodes on it at a time. Its capacity is ``max_cache_len``, else
