@@ -5,9 +5,8 @@ entries. :func:`reference_logits` is the no-cache oracle the tests compare it wi
 
 Compiled (``engine.compile=true``, ``csd.fast.CompiledStep``): the decode step is compiled, with the engine's target
 step on its output (``forward(target=...)``), fed ``[B * rows, L]`` or ``[B * rows, 1]`` (the engine pads windows), so
-two graphs in all. Position ids, write indices and the mask are
-computed from the device ``lengths`` outside the graph (inputs of fixed shape, copied into a CUDA graph's static
-inputs); prefill is eager.
+two graphs in all. Position ids, write indices and the mask are computed from the device ``lengths`` outside the graph
+(inputs of fixed shape, copied into a CUDA graph's static inputs); prefill is eager.
 """
 
 from __future__ import annotations
