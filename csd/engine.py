@@ -155,6 +155,10 @@ class JacobiEngine:
                                                    tree=proposal.tree, features=True, shift=proposal.shift,
                                                    groups=proposal.groups)
             folded = None
+        elif self.compiled is None:
+            raw = state.forward(proposal.ids, proposal.from_prompt, proposal.active, tree=proposal.tree,
+                                shift=proposal.shift, groups=proposal.groups)
+            folded = None
         else:  # compiled: the target of every column comes out of the step's graph
             raw, folded = state.forward(proposal.ids, proposal.from_prompt, proposal.active, tree=proposal.tree,
                                         shift=proposal.shift, groups=proposal.groups, target=self.pipeline)
