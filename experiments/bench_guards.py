@@ -32,18 +32,18 @@ import torch
 from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 
 
-def check_cost(layers: int, calls: int, keep_all: bool) -> tuple[int, int, float]:
-    """(guards recorded, guards kept, us per guard check) of the compiled toy-layout step with ``layers`` layers."""
+def check_cost(toy: Any, layers: int, calls: int, keep_all: bool) -> tuple[int, int, float]:
+    """(guards recorded, guards kept, us per guard check) of the compiled step of an LM with the toy adapter ``toy``'s
+    layout and ``layers`` layers."""
     from transformers import LlamaForCausalLM
 
     from csd.acceptance import SJD
-    from csd.adapters.toy import ToyAdapter, load_toy_adapter
+    from csd.adapters.toy import ToyAdapter
     from csd.drafters.chain import ChainDrafter
     from csd.engine import JacobiEngine
     from csd.fast import CompiledStep, step_and_target
     from csd.toy.domain import toy_prompts
 
-    toy = load_toy_adapter()
     config = copy.deepcopy(toy.lm.config)
     config.num_hidden_layers = layers
     torch.manual_seed(0)
@@ -94,10 +94,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--json", type=Path, help="append one JSON line per depth")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
+    from csd.adapters.toy import load_toy_adapter
+
+    toy = load_toy_adapter()
     print("| layers | guards | kept | us / check, all | us / check, kept |\n|---|---|---|---|---|")
     for layers in (int(x) for x in args.layers.split(",")):
-        recorded, _, all_us = check_cost(layers, args.calls, keep_all=True)
-        _, kept, kept_us = check_cost(layers, args.calls, keep_all=False)
+        recorded, _, all_us = check_cost(toy, layers, args.calls, keep_all=True)
+        _, kept, kept_us = check_cost(toy, layers, args.calls, keep_all=False)
         print(f"| {layers} | {recorded} | {kept} | {all_us:.1f} | {kept_us:.1f} |", flush=True)
         if args.json:
             with args.json.open("a") as f:
