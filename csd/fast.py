@@ -10,6 +10,7 @@ same cache.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -23,6 +24,10 @@ from csd.cache import RaggedCache, default_cache_len
 StepFn = Callable[..., torch.Tensor]
 #: the engine's target pipeline (``csd.processors.TargetPipeline``): raw logits ``[B, rows, K, V_raw]`` -> ``q [B, K, V]``
 TargetFn = Callable[[torch.Tensor], torch.Tensor]
+#: whether ``torch.compile`` keeps each call's graphs to itself (``isolate_recompiles``, new in torch 2.13; the pinned
+#: 2.14 has it). Where it does not (an older torch already installed, e.g. on a GPU image), the module-tree guards stay:
+#: without isolation they are what tells two adapters of one class apart.
+ISOLATES = "isolate_recompiles" in inspect.signature(torch.compile).parameters
 
 
 def step_and_target(step: StepFn, target: TargetFn | None, rows: int, ids: torch.Tensor, cache: RaggedCache,
@@ -53,12 +58,16 @@ def compile_step(step: StepFn, backend: str = "inductor") -> StepFn:
     PERFORMANCE.md "Guards"). The model is taken as frozen once compiled: one changed in place afterwards (attributes,
     hooks, layers, a parameter's dtype or device) needs a new :class:`CompiledStep`. ``isolate_recompiles`` keeps each
     call's graphs to itself, so another adapter of the same class, whose module tree those guards would have told
-    apart, never replays them.
+    apart, never replays them. A torch without ``isolate_recompiles`` (:data:`ISOLATES`) keeps every guard.
     """
-    options: dict[str, Any] = {"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}
+    options: dict[str, Any] = {}
+    isolation: dict[str, bool] = {}
+    if ISOLATES:
+        options["guard_filter_fn"] = torch.compiler.skip_guard_on_all_nn_modules_unsafe
+        isolation["isolate_recompiles"] = True
     if backend == "inductor":
         options |= torch._inductor.list_mode_options("reduce-overhead")
-    return torch.compile(step, backend=backend, fullgraph=True, dynamic=False, options=options, isolate_recompiles=True)
+    return torch.compile(step, backend=backend, fullgraph=True, dynamic=False, options=options, **isolation)
 
 
 class CompiledStep:

@@ -19,6 +19,7 @@ import pytest
 import torch
 from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 
+from csd import fast
 from csd.acceptance import CSD, SJD
 from csd.drafters.chain import ChainDrafter, judge_windows
 from csd.engine import JacobiEngine
@@ -184,10 +185,14 @@ def norm_epsilons(adapter, eps: float) -> None:
 
 
 @pytest.mark.slow
-def test_compiled_step_graphs_belong_to_their_adapter():
+@pytest.mark.parametrize("isolates", [True, False], ids=["isolated", "older-torch"])
+def test_compiled_step_graphs_belong_to_their_adapter(isolates, monkeypatch):
     """The step's guards skip the model's module tree (csd.fast.compile_step), so each compiled step keeps its graphs
     to itself: two adapters of one class and shapes that differ in a baked-in constant (the norms' epsilon) each
-    decode their own eager tokens, in one process, alternately."""
+    decode their own eager tokens, in one process, alternately. On a torch without ``isolate_recompiles``
+    (``csd.fast.ISOLATES`` false) the module-tree guards stay and tell them apart."""
+    assert fast.ISOLATES  # the pinned torch isolates
+    monkeypatch.setattr(fast, "ISOLATES", isolates)
     torch.compiler.reset()
     plain, odd = rejecting_janus(), rejecting_janus()
     norm_epsilons(odd, 30.0)
