@@ -44,6 +44,7 @@ from typing import Any
 import torch
 import transformers
 from omegaconf import OmegaConf
+from torch._dynamo.utils import counters
 from transformers import JanusConfig, JanusForConditionalGeneration
 
 from csd.acceptance import CSD, SJD, AcceptanceRule, entropy
@@ -209,13 +210,17 @@ def step_times(adapter: JanusAdapter, compiled: CompiledStep | None, prompt: str
 
 def engine_times(adapter: JanusAdapter, compiled: CompiledStep | None, rule: AcceptanceRule, window: int, prompt: str,
                  images: int, warmup: int) -> dict[str, Any]:
-    """Full-image decoding with the engine: latency, iterations (NFE) and time per iteration."""
+    """Full-image decoding with the engine: latency, iterations (NFE) and time per iteration, after ``warmup`` untimed
+    images; ``graphs_compiled_while_timed`` counts the graphs dynamo compiled during the timed ones (0 when the
+    warm-up compiled every shape the rule and window need; otherwise the latency holds compilation)."""
     engine = JacobiEngine(adapter, rule, ChainDrafter(window=window), compiled=compiled)
     for seed in range(warmup):
         engine.generate(prompt, seed=10_000 + seed)
+    graphs = counters["stats"]["unique_graphs"]
     gens = [engine.generate(prompt, seed=seed) for seed in range(images)]
     iteration_s = [g.decode_s / g.nfe for g in gens]
     return {
+        "graphs_compiled_while_timed": counters["stats"]["unique_graphs"] - graphs,
         "latency_s": statistics.fmean(g.prefill_s + g.decode_s for g in gens),
         "prefill_s": statistics.fmean(g.prefill_s for g in gens),
         "nfe": statistics.fmean(g.nfe for g in gens),

@@ -21,6 +21,8 @@ def test_smoke_run_measures_every_part(tmp_path):
     assert parts["agreement"]["ar"]["equal_share"] == 1.0  # fp32 on CPU: the compiled path's tokens are the eager ones
     assert parts["agreement"]["sjd"]["nfe_eager"] == parts["agreement"]["sjd"]["nfe_compiled"]
     assert set(parts["throughput"]["batches"]) == {1, 4, 16}
+    # the timed images replay graphs compiled by their warm-up image: no compilation inside a latency
+    assert [parts["images"][name]["graphs_compiled_while_timed"] for name in ("ar", "sjd", "csd")] == [0, 0, 0]
     assert parts["memory"]["plan_gb"] > parts["memory"]["plan_weights_gb"] > 0
     assert [t["measured"] is not None for t in saved["targets"]] == [True] * len(gpu_check.TARGETS)
     assert [t["passed"] for t in saved["targets"]] == [None] * len(gpu_check.TARGETS)  # smoke: not judged
