@@ -7,6 +7,7 @@ the model is instantiated on the ``meta`` device, which allocates nothing, to co
 * the KV cache of one image slot: CFG rows x cache length x layers x KV heads x head dim x 2 (keys, values) x dtype
   bytes, with the cache length ``csd.cache.default_cache_len`` gives (prompt + body + window reserve, rounded up);
 * the activations of one slot's window forward (:func:`activation_bytes`) and the drafter's fp32 state per slot;
+* the cache's causal-mask table: ``cache length^2`` in the model dtype, once (``csd.cache.RaggedCache.causal_masks``);
 * a workspace allowance: a fixed reserve on CUDA (allocator, library workspaces) and, compiled, the two captured
   graphs' private activations;
 
@@ -303,11 +304,13 @@ class MemoryPlan:
     compile_per_slot: int
     gumbel_per_slot: int
     reserve: int
+    mask_table: int
 
     def total(self, batch: int) -> int:
-        """Planned peak bytes at ``batch`` slots: weights, reserve, every slot's KV cache (and compiled, its share of
-        the graphs' memory), and the larger transient: every slot's window forward, or one slot's prefill."""
-        held = self.shape.weight_bytes + self.reserve + batch * (self.kv_per_slot + self.compile_per_slot
+        """Planned peak bytes at ``batch`` slots: weights, reserve, the causal-mask table, every slot's KV cache (and
+        compiled, its share of the graphs' memory), and the larger transient: every slot's window forward, or one slot's
+        prefill."""
+        held = self.shape.weight_bytes + self.reserve + self.mask_table + batch * (self.kv_per_slot + self.compile_per_slot
                                                                  + self.gumbel_per_slot)
         return held + max(batch * self.activations_per_slot, self.prefill_activations)
 
@@ -327,7 +330,8 @@ def plan_memory(shape: ModelShape, window: int, compiled: bool, device_type: str
         shape=shape, window=window, compiled=compiled, device_type=device_type, cache_len=cache_len,
         kv_per_slot=kv, activations_per_slot=window_act, prefill_activations=activation_bytes(shape, shape.prompt_len,
                                                                                               shape.prompt_len),
-        compile_per_slot=graphs, gumbel_per_slot=shape.body_len * shape.image_vocab * 4 if gumbel else 0, reserve=int(CUDA_RESERVE_GB * GB) if device_type == "cuda" else 0,
+        compile_per_slot=graphs, gumbel_per_slot=shape.body_len * shape.image_vocab * 4 if gumbel else 0,
+        reserve=int(CUDA_RESERVE_GB * GB) if device_type == "cuda" else 0, mask_table=cache_len**2 * shape.dtype_bytes,
     )
 
 
@@ -343,6 +347,7 @@ def describe_plan(plan: MemoryPlan, memory_bytes: float, memory_source: str) -> 
         f"{s.layers} layers x {s.kv_heads} KV heads x {s.head_dim} head dim x 2 x {s.dtype_bytes} B",
         f"  activations per image  {gb(plan.activations_per_slot):>9} GB  (window forward; prefill of one image: "
         f"{gb(plan.prefill_activations)} GB)",
+        f"  causal-mask table      {gb(plan.mask_table):>9} GB  = {plan.cache_len}^2 x {s.dtype_bytes} B, once",
         f"  compile workspace      {gb(plan.compile_per_slot):>9} GB per image + reserve {gb(plan.reserve)} GB",
         *([f"  Gumbel noise per image {gb(plan.gumbel_per_slot):>9} GB"] if plan.gumbel_per_slot else []),
         f"  memory                 {gb(memory_bytes):>9} GB  ({memory_source})",

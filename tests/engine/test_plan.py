@@ -46,6 +46,8 @@ def test_plan_matches_the_measured_weights_and_kv_cache(name):
         batch.prefill(slot, prompt)
     assert batch.cache.capacity == plan.cache_len
     assert cache_bytes(batch) == pytest.approx(slots * plan.kv_per_slot, rel=0.2)
+    table = batch.cache.causal_masks()  # the causal-mask table every forward reads
+    assert table.numel() * table.element_size() == plan.mask_table
 
 
 def test_the_kv_formula_is_rows_length_layers_heads_dim_two_bytes():
