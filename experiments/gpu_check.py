@@ -7,7 +7,9 @@ on the compiled path (inductor, CUDA graphs) and the eager one:
   H200 datasheet), and the same with the measured copy rate;
 * ``steps``: per-step time of ``q = 1`` and ``q = L`` forwards, eager and compiled (``bench_latency.step_times``);
 * ``agreement``: compiled vs eager tokens of the same AR and SJD images (share of equal positions, NFE);
-* ``images``: AR, SJD and CSD image latency and ms per iteration on the compiled path (``bench_latency.engine_times``);
+* ``images``: AR, SJD and CSD image latency and ms per iteration on the compiled path (``bench_latency.engine_times``,
+  after one untimed image per rule), and the share of an iteration outside the bare compiled decode step of ``steps``
+  (``q = 1`` for AR, ``q = L`` else; the engine's target step counts as outside);
 * ``throughput``: SJD images/s at B = 1 / 4 / 16 on the compiled path (``bench_throughput.bench_method``);
 * ``memory``: the peak of ``torch.cuda.max_memory_allocated`` during the throughput part vs the memory plan
   (``csd.plan``) at the largest B;
@@ -46,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import transformers
 from omegaconf import OmegaConf
 
 from csd.acceptance import CSD, SJD
@@ -152,6 +155,10 @@ def images(check: Check) -> dict[str, Any]:
     out = {name: bench_latency.engine_times(check.adapter, check.compiled, rule, w, check.prompt, 1, 1)
            for name, (rule, w) in rules.items()}
     out["csd_minus_sjd_ms_per_iteration"] = out["csd"]["ms_per_iteration"] - out["sjd"]["ms_per_iteration"]
+    if check.results.get("steps", {}).get("ok"):  # the engine's share outside the bare decode step (target included)
+        step = check.results["steps"]["result"]["compiled"]
+        for name, (_, w) in rules.items():
+            out[name]["outside_step_share"] = 1 - step[f"q{w}"]["median_ms"] / out[name]["ms_per_iteration"]
     return out
 
 
@@ -266,6 +273,7 @@ def part_summary(name: str, result: dict[str, Any]) -> str:
                          for m, r in result.items())
     if name == "images":
         return "; ".join([f"{m}: {r['ms_per_iteration']:.2f} ms/iteration, NFE {r['nfe']:.0f}, {r['latency_s']:.2f} s"
+                          + (f", {100 * r['outside_step_share']:.1f} % outside the step" if "outside_step_share" in r else "")
                           + (f" ({r['graphs_compiled_while_timed']} graphs compiled inside)"
                              if r.get("graphs_compiled_while_timed") else "")
                           for m, r in result.items() if isinstance(r, dict)]
@@ -280,7 +288,7 @@ def markdown(res: dict[str, Any]) -> str:
     meta = res["meta"]
     lines = [f"## GPU check: {meta['model']} (random weights), {meta['dtype']}, {meta['device_name']}"
              f"{f' (smoke run: targets {NOT_JUDGED})' if meta['smoke'] else ''}", "",
-             f"torch {meta['torch']}, window L = {meta['window']}, backend {meta['backend']}, {meta['wall_s']:.0f} s.",
+             f"torch {meta['torch']}, transformers {meta.get('transformers', '?')}, window L = {meta['window']}, backend {meta['backend']}, {meta['wall_s']:.0f} s.",
              "", "| target | measured | bound | passed |", "|---|---|---|---|"]
     lines += [f"| {t['target']} | {fmt(t['measured'])} | {t['bound']} | "
               f"{NOT_JUDGED if meta['smoke'] else fmt(t['passed'])} |" for t in res["targets"]]
@@ -318,7 +326,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         run_part(check, name, runner, start)
     res = {
         "meta": {"model": setup.model, "dtype": setup.dtype, "window": setup.window, "backend": setup.backend,
-                 "smoke": args.smoke, "device": device.type, "torch": torch.__version__,
+                 "smoke": args.smoke, "device": device.type, "torch": torch.__version__, "transformers": transformers.__version__,
                  "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
                  "batch_sizes": list(setup.batch_sizes), "wall_s": time.perf_counter() - start},
         "targets": [t.judge(check.results, judged=not args.smoke) for t in TARGETS],

@@ -23,6 +23,7 @@ def test_smoke_run_measures_every_part(tmp_path):
     assert set(parts["throughput"]["batches"]) == {1, 4, 16}
     # the timed images replay graphs compiled by their warm-up image: no compilation inside a latency
     assert [parts["images"][name]["graphs_compiled_while_timed"] for name in ("ar", "sjd", "csd")] == [0, 0, 0]
+    assert all(parts["images"][name]["outside_step_share"] < 1 for name in ("ar", "sjd", "csd"))
     assert parts["memory"]["plan_gb"] > parts["memory"]["plan_weights_gb"] > 0
     assert [t["measured"] is not None for t in saved["targets"]] == [True] * len(gpu_check.TARGETS)
     assert [t["passed"] for t in saved["targets"]] == [None] * len(gpu_check.TARGETS)  # smoke: not judged
