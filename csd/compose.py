@@ -18,7 +18,7 @@ from hydra.utils import get_class, get_method
 from omegaconf import DictConfig, OmegaConf
 
 from csd.acceptance import AcceptanceRule
-from csd.adapters.base import WEIGHTS_CHECKS, EntropyTemperature, ModelAdapter
+from csd.adapters.base import WEIGHTS_CHECKS, EntropyTemperature, ModelAdapter, check_transformers
 from csd.deprecations import MOVED_TO_DRAFTER, move_deprecated_keys
 from csd.drafters.base import Drafter
 from csd.errors import ConfigError
@@ -118,7 +118,9 @@ def loader_params(model: DictConfig) -> dict[str, Any]:
 def check_weights(model: DictConfig) -> None:
     """Raise the ``MissingWeightsError`` the model's loader would (its registered check:
     ``csd.adapters.base.WEIGHTS_CHECKS``), without loading anything; a loader without a check (the toy, the tiny
-    models) needs no files."""
+    models) needs no files. First, the installed transformers must be one the adapters run with
+    (``csd.adapters.base.check_transformers``)."""
+    check_transformers()
     get_method(model._target_)  # imports the loader's module, which registers its check
     check = WEIGHTS_CHECKS.get(model._target_)
     if check is not None:

@@ -30,5 +30,10 @@ class LockHeldError(RuntimeError):
     """Another live process (or a process on another host) holds the lock; the message names it."""
 
 
+class DependencyError(RuntimeError):
+    """An installed package is outside the versions the harness runs with; the message names it, the version needed
+    and the command that installs it."""
+
+
 #: what ``run.py`` refuses in one line (exit 2) before Hydra creates a directory or a model loads
-INPUT_ERRORS = (ConfigError, RecordsError, LockHeldError, MissingWeightsError, FileNotFoundError)
+INPUT_ERRORS = (ConfigError, RecordsError, LockHeldError, MissingWeightsError, FileNotFoundError, DependencyError)

@@ -36,6 +36,8 @@ from typing import Any, TypeVar
 
 import torch
 
+from csd.errors import DependencyError
+
 L = TypeVar("L", bound=Callable[..., Any])
 
 @dataclass(frozen=True)
@@ -213,6 +215,30 @@ def to_uint8(images: torch.Tensor) -> torch.Tensor:
     """``[B, 3, H, W]`` in about [-1, 1] -> uint8 ``[B, H, W, 3]``: ``((x.clamp(-1,1) + 1) / 2 * 255).round()``."""
     pixels = ((images.float().clamp(-1, 1) + 1) / 2 * 255).round().to(torch.uint8)
     return pixels.permute(0, 2, 3, 1).cpu()
+
+
+#: the first transformers release whose decoders take the KV cache as ``cache=``, the keyword every adapter passes
+#: (earlier releases read ``past_key_values=``, ignore ``cache=`` and attend over a cache of their own: the adapter's
+#: mask then has the wrong width, a shape error deep in the attention)
+MIN_TRANSFORMERS = "5.24.0"
+
+
+def check_transformers(installed: str | None = None) -> None:
+    """Raise :class:`DependencyError` in one line when the installed transformers (``installed``: that version
+    instead) is older than :data:`MIN_TRANSFORMERS`; reads the package's metadata, imports nothing."""
+    from importlib.metadata import version
+
+    from packaging.version import Version
+
+    installed = version("transformers") if installed is None else installed
+    if Version(installed) < Version(MIN_TRANSFORMERS):
+        raise DependencyError(
+            f"transformers {installed} is installed; the model adapters need transformers >= {MIN_TRANSFORMERS} (they "
+            f"pass the KV cache as cache=, which older releases ignore): pip install 'transformers=={MIN_TRANSFORMERS}'"
+        )
+
+
+check_transformers()  # every adapter module imports this one: a script that builds a model is refused here too
 
 
 #: a loader's ``_target_`` (``module.function``) -> its weights check: called with the loader's config values, it

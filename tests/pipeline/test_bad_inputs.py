@@ -11,6 +11,7 @@ killed process, not as a machine out of memory).
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import re
@@ -23,8 +24,9 @@ from pathlib import Path
 
 import pytest
 
+from csd.adapters.base import MIN_TRANSFORMERS, check_transformers
 from csd.cli import preflight
-from csd.errors import INPUT_ERRORS
+from csd.errors import INPUT_ERRORS, DependencyError
 
 ROOT = Path(__file__).resolve().parents[2]
 #: the audit's limits per input: wall seconds, bytes of address space (torch's CPU import maps about 3 GB)
@@ -221,3 +223,24 @@ def test_multirun_without_weights_is_refused_before_any_job_or_directory(tmp_pat
                                      "found at 'deepseek-community/Janus-Pro-1B'")
     assert "Launching" not in out.stdout + out.stderr
     assert listing(tmp_path) == set()  # no sweep directory, no job directory
+
+
+@pytest.mark.parametrize("installed", ["5.17.0", "5.23.0", "4.57.1"])
+def test_a_transformers_older_than_the_adapters_need_is_one_line(installed: str) -> None:
+    """Before 5.24 the decoders read ``past_key_values=`` and ignore the adapters' ``cache=``: a shape error deep in
+    the attention (seen with 5.17 on a GPU image), refused instead by name."""
+    with pytest.raises(DependencyError, match=rf"^transformers {re.escape(installed)} is installed; the model adapters "
+                       rf"need transformers >= {MIN_TRANSFORMERS} .*pip install 'transformers=={MIN_TRANSFORMERS}'$"):
+        check_transformers(installed)
+    for fine in (MIN_TRANSFORMERS, "5.25.0", None):  # None: the installed one, the pinned release
+        check_transformers(fine)
+
+
+def test_an_old_transformers_is_refused_before_anything_is_created(tmp_path: Path, monkeypatch) -> None:
+    real = importlib.metadata.version
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "5.17.0" if name == "transformers" else real(name))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(INPUT_ERRORS, match=r"^transformers 5\.17\.0 is installed") as err:
+        preflight(["model=toy", "dataset=toy"])
+    assert "\n" not in str(err.value).strip()
+    assert listing(tmp_path) == set()
