@@ -13,6 +13,8 @@ on the compiled path (inductor, CUDA graphs) and the eager one:
 * ``throughput``: SJD images/s at B = 1 / 4 / 16 on the compiled path (``bench_throughput.bench_method``);
 * ``memory``: the peak of ``torch.cuda.max_memory_allocated`` during the throughput part vs the memory plan
   (``csd.plan``) at the largest B;
+* ``exactness``: the compiled path's tokens against the eager path's in fp32 on the same device, on the tiny Janus
+  (batch 1 and B = 3): the token-for-token check the bf16 ``agreement`` cannot be;
 * ``overhead``: CSD's cost over SJD per iteration: ``verify_window`` on the same ``[L, V]`` tensors
   (``bench_latency.verify_times``); ``images`` also reports the difference of their ms per iteration.
 
@@ -58,12 +60,13 @@ from csd.engine import JacobiEngine
 from csd.fast import CompiledStep
 from csd.plan import GB, model_shape, module_bytes, plan_memory
 from csd.presets import CONF_DIR
+from csd.slot import Request
 from experiments import bench_latency, bench_throughput
 
 #: NVIDIA H200 HBM3e memory bandwidth, bytes/s (NVIDIA H200 Tensor Core GPU datasheet: 4.8 TB/s)
 H200_BANDWIDTH = 4.8e12
 #: in the order they run: the cheap ones first, throughput (a compilation per batch size) last but the memory it feeds
-PARTS = ("floor", "steps", "overhead", "images", "agreement", "throughput", "memory")
+PARTS = ("floor", "steps", "overhead", "images", "agreement", "throughput", "memory", "exactness")
 
 
 @dataclass(frozen=True)
@@ -197,9 +200,34 @@ def overhead(check: Check) -> dict[str, Any]:
     return {"verify_sjd_ms": ver["sjd"], "verify_csd_ms": ver["csd"], "csd_overhead_ms": ver["csd"] - ver["sjd"]}
 
 
+def exactness(check: Check) -> dict[str, Any]:
+    """The compiled path (the check's backend: on CUDA inductor with CUDA graphs) against the eager one in fp32 on this
+    device, on the tiny Janus: AR and SJD (``L = 8``) at batch 1, two seeds each, and SJD at B = 3 (refills, a padded
+    last batch) against batch-1 eager images; the share of equal tokens of each. fp32 leaves kernel rounding ~1e-7,
+    which flips a sample far more rarely than bf16 (``agreement``), so the compiled path, its CUDA-graph replays and
+    the copies of their outputs are checked token for token (``min_equal_share`` 1.0)."""
+    args = argparse.Namespace(model="janus_pro_tiny", dtype="float32", weights=False, path=None, prompt_len=64)
+    adapter, _, prompt = bench_latency.base_adapter(args, check.device)
+    compiled = CompiledStep(adapter, backend=check.setup.backend)
+    seeds = (0, 1, 2, 3)
+    eager = {w: {seed: JacobiEngine(adapter, SJD(), ChainDrafter(window=w)).generate(prompt, seed).tokens for seed in seeds}
+             for w in (1, 8)}
+    out: dict[str, Any] = {}
+    for name, window in (("ar", 1), ("sjd", 8)):
+        engine = JacobiEngine(adapter, SJD(), ChainDrafter(window=window), compiled=compiled)
+        gens = {seed: engine.generate(prompt, seed).tokens for seed in seeds[:2]}
+        out[name] = (sum(int((g == eager[window][seed]).sum()) for seed, g in gens.items())
+                     / sum(g.numel() for g in gens.values()))
+    batched = JacobiEngine(adapter, SJD(), ChainDrafter(window=8), batch_size=3, compiled=compiled)
+    gens = {req.seed: gen.tokens for req, gen in batched.generate_many([Request(prompt, seed) for seed in seeds])}
+    out["sjd_b3"] = sum(int((gens[seed] == eager[8][seed]).sum()) for seed in seeds) / sum(g.numel() for g in gens.values())
+    out["min_equal_share"] = min(out[k] for k in ("ar", "sjd", "sjd_b3"))
+    return out
+
+
 RUNNERS: dict[str, Callable[[Check], dict[str, Any]]] = {
     "floor": floor, "steps": steps, "agreement": agreement, "images": images, "throughput": throughput,
-    "memory": memory, "overhead": overhead,
+    "memory": memory, "overhead": overhead, "exactness": exactness,
 }
 
 
@@ -230,6 +258,7 @@ TARGETS = (
     Target("verify of L (32) tokens / single step, compiled", ("steps", "compiled_verify_over_step"), 1.15, True, "x"),
     Target("CSD overhead over SJD per iteration", ("overhead", "csd_overhead_ms"), 0.1, True, "ms"),
     Target("B = 16 / B = 1 throughput, SJD compiled", ("throughput", "largest_over_first"), 4.0, False, "x"),
+    Target("compiled fp32 tokens equal to eager (tiny Janus)", ("exactness", "min_equal_share"), 1.0, False, "share"),
 )
 
 

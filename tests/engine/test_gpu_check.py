@@ -25,6 +25,7 @@ def test_smoke_run_measures_every_part(tmp_path):
     assert [parts["images"][name]["graphs_compiled_while_timed"] for name in ("ar", "sjd", "csd")] == [0, 0, 0]
     assert all(parts["images"][name]["outside_step_share"] < 1 for name in ("ar", "sjd", "csd"))
     assert parts["memory"]["plan_gb"] > parts["memory"]["plan_weights_gb"] > 0
+    assert parts["exactness"]["min_equal_share"] == 1.0  # compiled = eager in fp32, batch 1 and B = 3
     assert [t["measured"] is not None for t in saved["targets"]] == [True] * len(gpu_check.TARGETS)
     assert [t["passed"] for t in saved["targets"]] == [None] * len(gpu_check.TARGETS)  # smoke: not judged
     table = (tmp_path / "gpu_check_janus_pro_tiny_cpu.md").read_text()
@@ -63,11 +64,13 @@ def test_parts_past_the_time_budget_are_skipped_and_say_so(tmp_path, monkeypatch
 def targets_table(smoke: bool) -> str:
     """The summary of a check whose every target was measured and missed, as a smoke run or a full one."""
     results = {"steps": {"result": {"compiled": {"q1": {"median_ms": 9.0}}, "compiled_verify_over_step": 2.0}},
-               "overhead": {"result": {"csd_overhead_ms": 1.0}}, "throughput": {"result": {"largest_over_first": 1.0}}}
+               "overhead": {"result": {"csd_overhead_ms": 1.0}}, "throughput": {"result": {"largest_over_first": 1.0}},
+               "exactness": {"result": {"min_equal_share": 0.5}}}
     meta = {"model": "janus_pro_tiny", "dtype": "float32", "device_name": "cpu", "smoke": smoke, "torch": "x",
             "window": 32, "backend": "aot_eager", "wall_s": 1.0}
     res = {"meta": meta, "targets": [t.judge(results, judged=not smoke) for t in gpu_check.TARGETS], "parts": {}}
-    assert [t["passed"] for t in res["targets"]] == ([None] * 4 if smoke else [False] * 4)
+    count = len(gpu_check.TARGETS)
+    assert [t["passed"] for t in res["targets"]] == ([None] * count if smoke else [False] * count)
     return gpu_check.markdown(res)
 
 
@@ -75,7 +78,7 @@ def test_a_smoke_run_judges_no_target_and_its_table_says_so() -> None:
     smoke = targets_table(smoke=True)
     assert "targets not judged" in smoke
     rows = [line for line in smoke.splitlines() if line.startswith("| ") and ("<=" in line or ">=" in line)]
-    assert len(rows) == 4 and all(row.endswith("| not judged |") for row in rows), rows
+    assert len(rows) == len(gpu_check.TARGETS) and all(row.endswith("| not judged |") for row in rows), rows
     assert "False" not in smoke and "True" not in smoke
     full = targets_table(smoke=False)
-    assert "not judged" not in full and full.count("| False |") == 4
+    assert "not judged" not in full and full.count("| False |") == len(gpu_check.TARGETS)
