@@ -86,6 +86,7 @@ class CompiledStep:
         self.step_fn = compile_step(step_and_target, backend)
         self.decode_step: StepFn = adapter.decode_step  # the one bound method the graphs were traced with
         self.cache: RaggedCache | None = None
+        self.compiled_post: dict[Callable[..., Any], Callable[..., Any]] = {}  # :meth:`compile`'s, one per function
 
     def cache_len_for(self, prompt_len: int) -> int:
         """The cache length a prompt of ``prompt_len`` entries gets (the configured one when set)."""
@@ -111,8 +112,16 @@ class CompiledStep:
         verification, docs/PERFORMANCE.md "Engine overhead", whose outputs outlive the iteration: the row samples become
         the next drafts, which a replay would overwrite) and without ``fullgraph``: past dynamo's recompile limit (8
         graphs of one function; a sweep of many rules and batch sizes in one process) ``fn`` runs eagerly, with dynamo's
-        warning, where ``fullgraph`` would stop the run. That every rule traces without a graph break is tested."""
-        return torch.compile(fn, backend=self.backend, dynamic=False)
+        warning, where ``fullgraph`` would stop the run. That every rule traces without a graph break is tested. Its
+        graphs are this step's own (``isolate_recompiles``, where torch has it: :data:`ISOLATES`): the rule's
+        parameters are constants of the trace, a graph per value, and a sweep in one process (Hydra's basic launcher,
+        a compiled step per job) would otherwise pile every job's graphs onto one limit and run the later jobs'
+        verification eagerly. Every engine on this step (one per rule, say) gets the same compiled ``fn`` and shares its
+        graphs."""
+        if fn not in self.compiled_post:
+            isolation = {"isolate_recompiles": True} if ISOLATES else {}
+            self.compiled_post[fn] = torch.compile(fn, backend=self.backend, dynamic=False, **isolation)
+        return self.compiled_post[fn]
 
     def __call__(self, ids: torch.Tensor, cache: RaggedCache, position_ids: torch.Tensor,
                  attention_mask: torch.Tensor, target: TargetFn | None = None, rows: int = 1

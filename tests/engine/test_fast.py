@@ -177,6 +177,31 @@ def test_batched_compiled_engine_two_graphs_no_recompile_same_tokens():
         assert counts.rejections >= 12 and counts.carried_rejections >= 3 and counts.uneven >= 4, counts
 
 
+@pytest.mark.slow
+def test_a_sweep_past_the_recompile_limit_keeps_the_verification_compiled():
+    """A sweep in one process (Hydra's basic launcher) builds a compiled step per job; each rule value is a graph of
+    the verification of its own (the rule's parameters are constants of the trace). Nine values, one more than
+    dynamo's recompile limit for one function: the ninth job's verification still compiles (each compiled step's
+    graphs are its own) instead of running eagerly."""
+    torch.compiler.reset()
+    adapter = rejecting_janus()
+    stats = torch._dynamo.utils.counters["stats"]
+    for lam in [0.05 * (i + 1) for i in range(torch._dynamo.config.recompile_limit + 1)]:
+        engine = JacobiEngine(adapter, CSD(lam=lam, delta=0.9), ChainDrafter(window=5),
+                              compiled=CompiledStep(adapter, backend="eager"))
+        judge, compiled_in_judge = engine.drafter.compiled_judge, []
+
+        def counted(*args, judge=judge, compiled_in_judge=compiled_in_judge):
+            before = stats["unique_graphs"]
+            out = judge(*args)
+            compiled_in_judge.append(stats["unique_graphs"] - before)
+            return out
+
+        engine.drafter.compiled_judge = counted
+        engine.generate(PROMPTS[0], seed=0)
+        assert sum(compiled_in_judge) >= 1, (lam, compiled_in_judge)  # 0: dynamo ran it eagerly
+
+
 def norm_epsilons(adapter, eps: float) -> None:
     """Every RMS norm of ``adapter``'s decoder set to ``eps``: a constant of the module tree that a graph bakes in."""
     for module in adapter.decoder().modules():
