@@ -208,6 +208,47 @@ def step_times(adapter: JanusAdapter, compiled: CompiledStep | None, prompt: str
     return out
 
 
+def step_kernels(adapter: JanusAdapter, compiled: CompiledStep | None, prompt: str, window: int, steps: int,
+                 top: int = 15) -> dict[str, Any]:
+    """Where a ``q = 1`` step's time goes: ``steps`` forwards after a full image of cache entries (as
+    :func:`step_times`, each rolled back) under ``torch.profiler``; the ``top`` kernels (CUDA) or operators (CPU) by
+    self time, per step, and their sum next to the wall time per step: a sum well under the wall time means the step
+    waits on the host (launches, guards), a sum near it that the kernels themselves are slow."""
+    from torch.profiler import ProfilerActivity, profile
+
+    device = adapter.device
+    cuda = device.type == "cuda"
+    ids = adapter.image_token_ids.to(device)[:window]
+    batch = SlotBatch(adapter, 1, compiled)
+    batch.prefill(0, prompt)
+    batch.forward(ids.unsqueeze(0), [True], [True])
+    filled = window + 1
+    while filled + window <= adapter.layout.length:
+        batch.forward(ids.unsqueeze(0), [False], [True])
+        filled += window
+    for _ in range(3):  # warm (and, compiled, captured)
+        batch.forward(ids[:1].unsqueeze(0), [False], [True])
+        batch.rollback([1])
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        start = time.perf_counter()
+        for _ in range(steps):
+            batch.forward(ids[:1].unsqueeze(0), [False], [True])
+            batch.rollback([1])
+        synchronize(device)
+        wall = time.perf_counter() - start
+    events = [e for e in prof.key_averages() if (e.self_device_time_total if cuda else e.self_cpu_time_total) > 0]
+    own = (lambda e: e.self_device_time_total) if cuda else (lambda e: e.self_cpu_time_total)
+    events.sort(key=own, reverse=True)
+    total_us = sum(own(e) for e in events)
+    return {
+        "kind": "CUDA kernels" if cuda else "CPU operators", "cached_body_tokens": filled, "steps": steps,
+        "wall_ms_per_step": 1e3 * wall / steps, "self_ms_per_step": total_us / 1e3 / steps,
+        "top": [{"name": e.key[:120], "calls_per_step": e.count / steps, "ms_per_step": own(e) / 1e3 / steps,
+                 "share": own(e) / total_us} for e in events[:top]],
+    }
+
+
 def engine_times(adapter: JanusAdapter, compiled: CompiledStep | None, rule: AcceptanceRule, window: int, prompt: str,
                  images: int, warmup: int) -> dict[str, Any]:
     """Full-image decoding with the engine: latency, iterations (NFE) and time per iteration, after ``warmup`` untimed

@@ -13,6 +13,8 @@ on the compiled path (inductor, CUDA graphs) and the eager one:
 * ``throughput``: SJD images/s at B = 1 / 4 / 16 on the compiled path (``bench_throughput.bench_method``);
 * ``memory``: the peak of ``torch.cuda.max_memory_allocated`` during the throughput part vs the memory plan
   (``csd.plan``) at the largest B;
+* ``kernels``: the compiled ``q = 1`` step under ``torch.profiler``: its top kernels and their summed device time per
+  step next to the wall time per step (``bench_latency.step_kernels``);
 * ``exactness``: the compiled path's tokens against the eager path's in fp32 on the same device, on the tiny Janus
   (batch 1 and B = 3): the token-for-token check the bf16 ``agreement`` cannot be;
 * ``overhead``: CSD's cost over SJD per iteration: ``verify_window`` on the same ``[L, V]`` tensors
@@ -66,7 +68,7 @@ from experiments import bench_latency, bench_throughput
 #: NVIDIA H200 HBM3e memory bandwidth, bytes/s (NVIDIA H200 Tensor Core GPU datasheet: 4.8 TB/s)
 H200_BANDWIDTH = 4.8e12
 #: in the order they run: the cheap ones first, throughput (a compilation per batch size) last but the memory it feeds
-PARTS = ("floor", "steps", "overhead", "images", "agreement", "throughput", "memory", "exactness")
+PARTS = ("floor", "steps", "overhead", "images", "agreement", "throughput", "memory", "exactness", "kernels")
 
 
 @dataclass(frozen=True)
@@ -225,9 +227,15 @@ def exactness(check: Check) -> dict[str, Any]:
     return out
 
 
+def kernels(check: Check) -> dict[str, Any]:
+    """The compiled ``q = 1`` step under the profiler (``bench_latency.step_kernels``): its top kernels and their sum
+    per step next to the wall time per step, the data to tell a slow kernel from a waiting device."""
+    return bench_latency.step_kernels(check.adapter, check.compiled, check.prompt, check.setup.window, 20)
+
+
 RUNNERS: dict[str, Callable[[Check], dict[str, Any]]] = {
     "floor": floor, "steps": steps, "agreement": agreement, "images": images, "throughput": throughput,
-    "memory": memory, "overhead": overhead, "exactness": exactness,
+    "memory": memory, "overhead": overhead, "exactness": exactness, "kernels": kernels,
 }
 
 
@@ -307,6 +315,10 @@ def part_summary(name: str, result: dict[str, Any]) -> str:
                              if r.get("graphs_compiled_while_timed") else "")
                           for m, r in result.items() if isinstance(r, dict)]
                          + [f"CSD - SJD: {result['csd_minus_sjd_ms_per_iteration']:.2f} ms/iteration"])
+    if name == "kernels":
+        top = ", ".join(f"{k['name'][:40]} {100 * k['share']:.0f} %" for k in result["top"][:4])
+        return (f"{result['kind']}: {result['self_ms_per_step']:.2f} ms per step of {result['wall_ms_per_step']:.2f} "
+                f"ms wall; top: {top}")
     if name == "throughput":
         return "; ".join(f"B = {b}: {r['images_per_s']:.2f} images/s" for b, r in result["batches"].items())
     return ", ".join(f"{k}: {fmt(v)}" for k, v in result.items())
