@@ -487,13 +487,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     return res
 
 
-def write_results(res: dict[str, Any], stem: Path, table: str) -> None:
-    """``<stem>.json`` (everything measured) and ``<stem>.md`` (the table), printed too."""
+def write_results(res: dict[str, Any], stem: Path, table: str, echo: bool = True) -> None:
+    """``<stem>.json`` (everything measured) and ``<stem>.md`` (the table), printed too unless not ``echo``."""
     stem.parent.mkdir(parents=True, exist_ok=True)
     stem.with_suffix(".json").write_text(json.dumps(res, indent=2))
     stem.with_suffix(".md").write_text(table)
-    print(table)
-    print(f"wrote {stem}.json and {stem}.md in {res['meta']['wall_s']:.0f} s")
+    if echo:
+        print(table)
+        print(f"wrote {stem}.json and {stem}.md in {res['meta']['wall_s']:.0f} s")
 
 
 if __name__ == "__main__":

@@ -85,3 +85,24 @@ def test_a_smoke_run_judges_no_target_and_its_table_says_so() -> None:
     assert "False" not in smoke and "True" not in smoke
     full = targets_table(smoke=False)
     assert "not judged" not in full and full.count("| False |") == len(gpu_check.TARGETS)
+
+
+def test_a_run_killed_midway_keeps_the_parts_it_finished(tmp_path, monkeypatch):
+    """The results are written after every part: a run stopped at its time limit (here: interrupted inside a part)
+    leaves the parts before it on disk."""
+    def interrupted(check):
+        raise KeyboardInterrupt
+
+    monkeypatch.setitem(gpu_check.RUNNERS, "overhead", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        gpu_check.main(["--smoke", "--parts", "floor,overhead", "--out", str(tmp_path)])
+    parts = json.loads((tmp_path / "gpu_check_janus_pro_tiny_cpu.json").read_text())["parts"]
+    assert parts["floor"]["ok"] and "overhead" not in parts
+
+
+def test_a_derived_part_runs_past_the_budget(tmp_path, monkeypatch):
+    """memory only reads the throughput part's peak: it is never skipped (here it reports the missing throughput)."""
+    monkeypatch.setattr(gpu_check, "SMOKE", dataclasses.replace(gpu_check.SMOKE, budget_s=0.0))
+    parts = gpu_check.main(["--smoke", "--parts", "floor,memory", "--out", str(tmp_path)])["parts"]
+    assert parts["floor"]["error"].startswith("skipped: ")
+    assert parts["memory"]["error"] == "RuntimeError: needs the throughput part, which did not succeed"
