@@ -225,12 +225,19 @@ MIN_TRANSFORMERS = "5.24.0"
 
 def check_transformers(installed: str | None = None) -> None:
     """Raise :class:`DependencyError` in one line when the installed transformers (``installed``: that version
-    instead) is older than :data:`MIN_TRANSFORMERS`; reads the package's metadata, imports nothing."""
-    from importlib.metadata import version
+    instead) is older than :data:`MIN_TRANSFORMERS`; reads the package's metadata (a checkout without any: its
+    ``__version__``)."""
+    from importlib.metadata import PackageNotFoundError, version
 
     from packaging.version import Version
 
-    installed = version("transformers") if installed is None else installed
+    if installed is None:
+        try:
+            installed = version("transformers")
+        except PackageNotFoundError:
+            import transformers
+
+            installed = transformers.__version__
     if Version(installed) < Version(MIN_TRANSFORMERS):
         raise DependencyError(
             f"transformers {installed} is installed; the model adapters need transformers >= {MIN_TRANSFORMERS} (they "
