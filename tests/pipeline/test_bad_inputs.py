@@ -244,3 +244,17 @@ def test_an_old_transformers_is_refused_before_anything_is_created(tmp_path: Pat
         preflight(["model=toy", "dataset=toy"])
     assert "\n" not in str(err.value).strip()
     assert listing(tmp_path) == set()
+
+
+def test_a_transformers_without_metadata_is_read_by_its_version(monkeypatch) -> None:
+    """A source checkout on the path has no package metadata: its ``__version__`` decides."""
+    import transformers
+
+    def missing(name: str) -> str:
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", missing)
+    check_transformers()
+    monkeypatch.setattr(transformers, "__version__", "5.17.0")
+    with pytest.raises(DependencyError, match=r"^transformers 5\.17\.0 is installed"):
+        check_transformers()
