@@ -30,6 +30,11 @@ TargetFn = Callable[[torch.Tensor], torch.Tensor]
 ISOLATES = "isolate_recompiles" in inspect.signature(torch.compile).parameters
 
 
+def isolation() -> dict[str, bool]:
+    """``torch.compile``'s keyword that keeps a call's graphs to itself, where torch has it (:data:`ISOLATES`)."""
+    return {"isolate_recompiles": True} if ISOLATES else {}
+
+
 def step_and_target(step: StepFn, target: TargetFn | None, rows: int, ids: torch.Tensor, cache: RaggedCache,
                     position_ids: torch.Tensor, attention_mask: torch.Tensor
                     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
@@ -60,14 +65,10 @@ def compile_step(step: StepFn, backend: str = "inductor") -> StepFn:
     call's graphs to itself, so another adapter of the same class, whose module tree those guards would have told
     apart, never replays them. A torch without ``isolate_recompiles`` (:data:`ISOLATES`) keeps every guard.
     """
-    options: dict[str, Any] = {}
-    isolation: dict[str, bool] = {}
-    if ISOLATES:
-        options["guard_filter_fn"] = torch.compiler.skip_guard_on_all_nn_modules_unsafe
-        isolation["isolate_recompiles"] = True
+    options: dict[str, Any] = {"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe} if ISOLATES else {}
     if backend == "inductor":
         options |= torch._inductor.list_mode_options("reduce-overhead")
-    return torch.compile(step, backend=backend, fullgraph=True, dynamic=False, options=options, **isolation)
+    return torch.compile(step, backend=backend, fullgraph=True, dynamic=False, options=options, **isolation())
 
 
 class CompiledStep:
@@ -119,8 +120,7 @@ class CompiledStep:
         verification eagerly. Every engine on this step (one per rule, say) gets the same compiled ``fn`` and shares its
         graphs."""
         if fn not in self.compiled_post:
-            isolation = {"isolate_recompiles": True} if ISOLATES else {}
-            self.compiled_post[fn] = torch.compile(fn, backend=self.backend, dynamic=False, **isolation)
+            self.compiled_post[fn] = torch.compile(fn, backend=self.backend, dynamic=False, **isolation())
         return self.compiled_post[fn]
 
     def __call__(self, ids: torch.Tensor, cache: RaggedCache, position_ids: torch.Tensor,

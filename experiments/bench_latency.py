@@ -171,6 +171,38 @@ def summary_ms(seconds: list[float]) -> dict[str, float]:
 
 
 @torch.no_grad()
+class WindowForward:
+    """``forward(q)``: one forward of the first ``q`` of fixed random body ids on a one-slot ``batch``."""
+
+    def __init__(self, batch: SlotBatch, ids: torch.Tensor) -> None:
+        self.batch, self.ids = batch, ids
+
+    def __call__(self, q: int, from_prompt: bool = False) -> torch.Tensor:
+        return self.batch.forward(self.ids[:q].unsqueeze(0), [from_prompt], [True])
+
+
+def full_image_batch(adapter: JanusAdapter, compiled: CompiledStep | None, prompt: str, window: int
+                     ) -> tuple[WindowForward, int, float, float]:
+    """A one-slot batch (``csd.ragged.SlotBatch``) holding the prompt and a full image of body entries, filled with
+    ``window``-row forwards (the compiled path's shapes); its forward, the cached body entries, and the seconds of the
+    first ``q = window`` and ``q = 1`` calls (their compilation on the compiled path)."""
+    device = adapter.device
+    gen = torch.Generator(device=device).manual_seed(0)
+    ids = adapter.image_token_ids.to(device)[
+        torch.randint(adapter.vocab_size, (window,), generator=gen, device=device)
+    ]
+    batch = SlotBatch(adapter, 1, compiled)
+    batch.prefill(0, prompt)
+    forward = WindowForward(batch, ids)
+    first_l = timed(lambda: forward(window, from_prompt=True), device)
+    first_1 = timed(lambda: forward(1), device)
+    filled = window + 1
+    while filled + window <= adapter.layout.length:
+        forward(window)
+        filled += window
+    return forward, filled, first_l, first_1
+
+
 def step_times(adapter: JanusAdapter, compiled: CompiledStep | None, prompt: str, window: int, warmup: int,
                steps: int) -> dict[str, Any]:
     """Per-step time of ``q = 1`` and ``q = window`` forwards after a full image of cache entries, on the engine's
@@ -180,28 +212,13 @@ def step_times(adapter: JanusAdapter, compiled: CompiledStep | None, prompt: str
     forward is rolled back, so every step sees the same cache length. The first call of each shape
     (its compilation on the compiled path) is reported as ``first_call_s``.
     """
+    forward, filled, first_l, first_1 = full_image_batch(adapter, compiled, prompt, window)
     device = adapter.device
-    gen = torch.Generator(device=device).manual_seed(0)
-    ids = adapter.image_token_ids.to(device)[
-        torch.randint(adapter.vocab_size, (window,), generator=gen, device=device)
-    ]
-    batch = SlotBatch(adapter, 1, compiled)
-    batch.prefill(0, prompt)
-
-    def forward(q: int, from_prompt: bool = False) -> torch.Tensor:
-        return batch.forward(ids[:q].unsqueeze(0), [from_prompt], [True])
-
-    first_l = timed(lambda: forward(window, from_prompt=True), device)
-    first_1 = timed(lambda: forward(1), device)
-    filled = window + 1
-    while filled + window <= adapter.layout.length:
-        forward(window)
-        filled += window
     out: dict[str, Any] = {"cached_body_tokens": filled}
     for q, first in ((1, first_1), (window, first_l)):
         times = []
         for i in range(warmup + steps):
-            dt = timed(lambda q=q: (forward(q), batch.rollback([q])), device)
+            dt = timed(lambda q=q: (forward(q), forward.batch.rollback([q])), device)
             if i >= warmup:
                 times.append(dt)
         out[f"q{q}"] = {**summary_ms(times), "first_call_s": first}
@@ -218,23 +235,16 @@ def step_kernels(adapter: JanusAdapter, compiled: CompiledStep | None, prompt: s
 
     device = adapter.device
     cuda = device.type == "cuda"
-    ids = adapter.image_token_ids.to(device)[:window]
-    batch = SlotBatch(adapter, 1, compiled)
-    batch.prefill(0, prompt)
-    batch.forward(ids.unsqueeze(0), [True], [True])
-    filled = window + 1
-    while filled + window <= adapter.layout.length:
-        batch.forward(ids.unsqueeze(0), [False], [True])
-        filled += window
+    forward, filled, _, _ = full_image_batch(adapter, compiled, prompt, window)
     for _ in range(3):  # warm (and, compiled, captured)
-        batch.forward(ids[:1].unsqueeze(0), [False], [True])
-        batch.rollback([1])
+        forward(1)
+        forward.batch.rollback([1])
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with profile(activities=activities) as prof:
         start = time.perf_counter()
         for _ in range(steps):
-            batch.forward(ids[:1].unsqueeze(0), [False], [True])
-            batch.rollback([1])
+            forward(1)
+            forward.batch.rollback([1])
         synchronize(device)
         wall = time.perf_counter() - start
     events = [e for e in prof.key_averages() if (e.self_device_time_total if cuda else e.self_cpu_time_total) > 0]

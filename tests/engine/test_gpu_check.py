@@ -69,7 +69,7 @@ def targets_table(smoke: bool) -> str:
     results = {"steps": {"result": {"compiled": {"q1": {"median_ms": 9.0}}, "compiled_verify_over_step": 2.0}},
                "overhead": {"result": {"csd_overhead_ms": 1.0}}, "throughput": {"result": {"largest_over_first": 1.0}},
                "exactness": {"result": {"min_equal_share": 0.5}}}
-    meta = {"model": "janus_pro_tiny", "dtype": "float32", "device_name": "cpu", "smoke": smoke, "torch": "x",
+    meta = {"model": "janus_pro_tiny", "dtype": "float32", "device_name": "cpu", "smoke": smoke, "torch": "x", "transformers": "x",
             "window": 32, "backend": "aot_eager", "wall_s": 1.0}
     res = {"meta": meta, "targets": [t.judge(results, judged=not smoke) for t in gpu_check.TARGETS], "parts": {}}
     count = len(gpu_check.TARGETS)
