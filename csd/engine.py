@@ -95,6 +95,8 @@ class JacobiEngine:
         if compiled is not None:
             drafter.compile_post(compiled.compile)
         rule.setup(adapter)
+        # compiled, the verification takes the rule's real-valued parameters as tensors: one graph for every value
+        self.judge_rule = rule if compiled is None else rule.with_tensor_params(self.device)
 
     @torch.no_grad()
     def generate(self, prompt: str, seed: int) -> Generation:
@@ -169,7 +171,7 @@ class JacobiEngine:
         else:
             target, target_entropy = folded[0][:, : proposal.rows], folded[1][:, : proposal.rows]
         # 4 verify (the iteration's one host synchronisation)
-        verified = self.drafter.verify(self.rule, slots, proposal, target, target_entropy)
+        verified = self.drafter.verify(self.judge_rule, slots, proposal, target, target_entropy)
         # 5 refresh
         span = Span(self.device) if self.batch_size == 1 else None
         self.drafter.refresh(slots, proposal, verified, target)

@@ -114,11 +114,12 @@ class CompiledStep:
         the next drafts, which a replay would overwrite) and without ``fullgraph``: past dynamo's recompile limit (8
         graphs of one function; a sweep of many rules and batch sizes in one process) ``fn`` runs eagerly, with dynamo's
         warning, where ``fullgraph`` would stop the run. That every rule traces without a graph break is tested. Its
-        graphs are this step's own (``isolate_recompiles``, where torch has it: :data:`ISOLATES`): the rule's
-        parameters are constants of the trace, a graph per value, and a sweep in one process (Hydra's basic launcher,
-        a compiled step per job) would otherwise pile every job's graphs onto one limit and run the later jobs'
-        verification eagerly. Every engine on this step (one per rule, say) gets the same compiled ``fn`` and shares its
-        graphs."""
+        graphs are this step's own (``isolate_recompiles``, where torch has it: :data:`ISOLATES`): a sweep in one
+        process (Hydra's basic launcher, a compiled step per job) would otherwise pile every job's graphs onto one
+        limit and run the later jobs' verification eagerly. Every engine on this step (one per rule, say) gets the same
+        compiled ``fn`` and shares its graphs: one per rule class and window shape, since the engine passes the rule's
+        real-valued parameters as tensors (``csd.params.Parametrized.with_tensor_params``), inputs of the graph
+        rather than constants of its trace (a graph per value)."""
         if fn not in self.compiled_post:
             self.compiled_post[fn] = torch.compile(fn, backend=self.backend, dynamic=False, **isolation())
         return self.compiled_post[fn]

@@ -8,11 +8,15 @@ same declarations, so a new rule or drafter is its module plus its YAML file.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from csd.schema import Float, Int, Spec
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -58,6 +62,24 @@ class Parametrized:
     def param_values(self) -> dict[str, Any]:
         """Every declared parameter's value."""
         return {key: getattr(self, key) for key in self.PARAMS}
+
+    def with_tensor_params(self, device: torch.device) -> Any:
+        """A shallow copy whose real-valued parameters (``Float`` specs, set) are 0-d float32 tensors on ``device``.
+
+        A compiled function reads a Python float as a constant of its trace (a graph per value: each ``lam`` of a
+        sweep or of the study's calibration compiles the verification again); a tensor is an input of the graph, one
+        graph for every value. float32 is the dtype of the tensors a rule computes with (the target ``q`` is float32),
+        and the one a Python scalar operand is computed in against them, so the results are the same, bit for bit
+        (tested for every rule). Integer and choice parameters stay Python values: they decide shapes and branches.
+        """
+        import torch  # not at import: the config checks read the declarations without torch
+
+        twin = copy.copy(self)
+        for key, param in self.PARAMS.items():
+            value = getattr(self, key)
+            if isinstance(param.spec, Float) and value is not None:
+                setattr(twin, key, torch.tensor(value, dtype=torch.float32, device=device))
+        return twin
 
 
 def current_names(cls: type[Parametrized], params: Mapping[str, Any]) -> dict[str, Any]:

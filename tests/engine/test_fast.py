@@ -178,11 +178,32 @@ def test_batched_compiled_engine_two_graphs_no_recompile_same_tokens():
 
 
 @pytest.mark.slow
+def test_one_verification_graph_for_every_rule_value():
+    """The engines of one compiled step for many values of a rule's parameters (the study's calibration of ``lam``, a
+    sweep in one process) share one graph of the full-window verification: the compiled engine passes the rule's
+    real-valued parameters as tensors (``with_tensor_params``), inputs of the graph instead of constants of its trace.
+    Nine values of ``lam`` and ``delta``, one more than dynamo's recompile limit for one function: one graph, no
+    recompilation after the first, and every value decodes the eager path's tokens (rejections included)."""
+    torch.compiler.reset()
+    adapter = rejecting_janus()
+    compiled = CompiledStep(adapter, backend="aot_eager")
+    rejections = 0
+    for i in range(torch._dynamo.config.recompile_limit + 1):
+        rule = CSD(lam=0.05 * (i + 1), delta=0.5 + 0.05 * i)
+        ref = decode(adapter, rule, 5, None, PROMPTS[0], i)
+        rejections += ref.stats["drafts_verified"] - ref.stats["drafts_accepted"]
+        with torch.compiler.set_stance("fail_on_recompile" if i > 0 else "default"):
+            gen = decode(adapter, rule, 5, compiled, PROMPTS[0], i)
+        assert torch.equal(gen.tokens, ref.tokens) and gen.stats == ref.stats, (rule.lam, rule.delta)
+    assert graphs(judge_windows) == 1
+    assert rejections >= 9
+
+
+@pytest.mark.slow
 def test_a_sweep_past_the_recompile_limit_keeps_the_verification_compiled():
-    """A sweep in one process (Hydra's basic launcher) builds a compiled step per job; each rule value is a graph of
-    the verification of its own (the rule's parameters are constants of the trace). Nine values, one more than
-    dynamo's recompile limit for one function: the ninth job's verification still compiles (each compiled step's
-    graphs are its own) instead of running eagerly."""
+    """A sweep in one process (Hydra's basic launcher) builds a compiled step per job, and each job's verification
+    is compiled for that step. Nine jobs, one more than dynamo's recompile limit for one function: the ninth job's
+    verification still compiles (each compiled step's graphs are its own) instead of running eagerly."""
     torch.compiler.reset()
     adapter = rejecting_janus()
     stats = torch._dynamo.utils.counters["stats"]
@@ -358,31 +379,50 @@ def rule_presets() -> list[str]:
     return sorted(first.values())
 
 
-@pytest.mark.parametrize("method", rule_presets())
-def test_every_rule_verifies_fullgraph_with_eager_results(method):
-    """Each rule class of ``conf/method/`` (:func:`rule_presets`) through :func:`judge_windows` compiled with ``fullgraph`` (a graph break is
-    an error; ``engine.compile`` compiles it without, ``CompiledStep.compile``), on two 6-row windows of the tiny Janus's 16 codes with drafts the target
-    mostly rejects: the eager function's tokens, kinds, counters, counts and samples, exactly."""
+def judge_case(method: str, backend: str) -> None:
+    """:func:`judge_windows` of ``method``'s rule (a ``conf/method/`` preset) compiled with ``backend`` and ``fullgraph``
+    (a graph break is an error; ``engine.compile`` compiles it without, ``CompiledStep.compile``), its real-valued
+    parameters tensors as the compiled engine passes them (``with_tensor_params``), on two 6-row windows of the tiny
+    Janus's 16 codes with drafts the target mostly rejects: the eager function's tokens, kinds, counters, counts and
+    samples with the rule's Python floats, exactly; then the same rule with every real-valued parameter moved replays
+    the graph (no recompilation) with that rule's eager results."""
     from csd.acceptance import entropy
     from csd.compose import build_rule
+    from csd.schema import Float
     from csd.verify import WindowNoise
     from tests.helpers import make_cfg
 
     adapter = rejecting_janus()
-    rule = build_rule(make_cfg(f"method={method}").method)
-    rule.setup(adapter)
     gen = torch.Generator().manual_seed(0)
     target = torch.softmax(3 * torch.randn((2, 6, 16), generator=gen), -1)
     draft_probs = torch.softmax(3 * torch.randn((2, 5, 16), generator=gen), -1)
     drafts = torch.multinomial(draft_probs.view(-1, 16), 1, generator=gen).view(2, 5)
     noise = WindowNoise.draw(2, 6, 16, gen, torch.device("cpu"))
-    args = (rule, target, entropy(target), drafts, draft_probs, None, noise, None)
     torch.compiler.reset()
-    compiled = torch.compile(judge_windows, backend="eager", fullgraph=True, dynamic=False)
-    for got, want in zip(compiled(*args), judge_windows(*args), strict=True):
-        assert torch.equal(got, want)
-    counts = judge_windows(*args)[3]
-    assert counts.min() < 6  # a rejection: the residual's sample is judged too
+    compiled = torch.compile(judge_windows, backend=backend, fullgraph=True, dynamic=False)
+    rule = build_rule(make_cfg(f"method={method}").method)
+    moved = build_rule(make_cfg(f"method={method}").method)
+    reals = [key for key, param in rule.PARAMS.items() if isinstance(param.spec, Float) and getattr(rule, key) is not None]
+    for key in reals:  # another value, inside the allowed range
+        spec, value = rule.PARAMS[key].spec, getattr(rule, key)
+        setattr(moved, key, next(v for v in (value * 0.9, value * 1.1, 0.05) if v != value and spec.error(key, v) is None))
+    for case in (rule, moved):
+        case.setup(adapter)
+        args = (target, entropy(target), drafts, draft_probs, None, noise, None)
+        want = judge_windows(case, *args)
+        with torch.compiler.set_stance("fail_on_recompile" if case is moved else "default"):
+            got = compiled(case.with_tensor_params(torch.device("cpu")), *args)
+        for g, w in zip(got, want, strict=True):
+            assert torch.equal(g, w), (method, backend, case.param_values())
+    assert graphs(judge_windows) == 1
+    assert judge_windows(rule, *args)[3].min() < 6  # a rejection: the residual's sample is judged too
+
+
+@pytest.mark.parametrize("method", rule_presets())
+def test_every_rule_verifies_fullgraph_with_eager_results(method):
+    """Every rule class of ``conf/method/`` (:func:`rule_presets`) on dynamo's full-graph trace (:func:`judge_case`;
+    inductor's code generation: tests/engine/test_inductor.py)."""
+    judge_case(method, "eager")
 
 
 def test_more_verification_graphs_than_dynamo_keeps_run_eagerly():

@@ -22,7 +22,7 @@ from csd.acceptance import CSD, SJD
 from csd.drafters.chain import judge_windows
 from csd.fast import CompiledStep, step_and_target
 from csd.slot import Request
-from tests.engine.test_fast import batch_requests, decode_many, graphs
+from tests.engine.test_fast import batch_requests, decode_many, graphs, judge_case, rule_presets
 from tests.helpers import rejecting_janus
 
 pytestmark = [pytest.mark.slow, pytest.mark.inductor]
@@ -59,3 +59,12 @@ def test_inductor_two_graphs_no_recompilation_eager_tokens(case):
             with pytest.raises(RuntimeError, match="recompile"):  # the check is live: a third shape would compile
                 decode_many(adapter, batch, requests[:batch], compiled, SJD(), window=window - 1)
         assert graphs(step) == 2 and graphs(judge_windows) == (2 if batch == 1 else 4)
+
+
+@pytest.mark.parametrize("method", rule_presets())
+def test_every_rule_verifies_with_inductor_code_and_eager_results(method):
+    """Every rule class of ``conf/method/`` through :func:`judge_windows` compiled by inductor (C++ code), its
+    real-valued parameters tensors as the compiled engine passes them: the eager function's results with the rule's
+    Python floats, bit for bit, for two values of every parameter, on one graph (:func:`judge_case`)."""
+    torch.set_num_threads(1)
+    judge_case(method, "inductor")
