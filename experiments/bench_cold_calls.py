@@ -33,6 +33,7 @@ import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -54,35 +55,53 @@ def per_call_us(call: Callable[[], object], before: Callable[[], object] | None,
     return statistics.median(means)
 
 
-def measure(window: int, sweep_mb: float, calls: int, rounds: int, backend: str = "inductor") -> list[dict[str, float | str]]:
-    """Every call kind under every condition (:data:`CONDITIONS`), on the toy's vocabulary."""
+def call_kinds(adapter: Any, window: int, backend: str) -> dict[str, Callable[[], object]]:
+    """The calls measured, on ``adapter``'s device and image vocabulary, compiled with ``backend`` and called three times
+    (compiled, allocator settled): a trivial compiled function, a window's noise draw, the compiled verification of
+    one full CSD window (as the compiled engine calls it: ``CompiledStep.compile``, the rule's parameters as tensors)
+    and the same verification eagerly."""
     from csd.acceptance import CSD, entropy
-    from csd.adapters.toy import load_toy_adapter
     from csd.drafters.chain import judge_windows
     from csd.fast import CompiledStep
     from csd.verify import WindowNoise
 
-    torch.set_num_threads(1)
-    adapter = load_toy_adapter()
-    cpu, vocab = torch.device("cpu"), adapter.vocab_size
-    gen = torch.Generator().manual_seed(0)
-    target = torch.softmax(3 * torch.randn((1, window, vocab), generator=gen), -1)
-    draft_probs = torch.softmax(3 * torch.randn((1, window - 1, vocab), generator=gen), -1)
-    noise = WindowNoise.draw(1, window, vocab, gen, cpu)
-    args = (CSD().with_tensor_params(cpu), target, entropy(target), draft_probs.argmax(-1), draft_probs, None, noise,
-            None)
+    device, vocab = adapter.device, adapter.vocab_size
+    gen = torch.Generator(device=device).manual_seed(0)
+    target = torch.softmax(3 * torch.randn((1, window, vocab), generator=gen, device=device), -1)
+    draft_probs = torch.softmax(3 * torch.randn((1, window - 1, vocab), generator=gen, device=device), -1)
+    noise = WindowNoise.draw(1, window, vocab, gen, device)
+    args = (CSD().with_tensor_params(device), target, entropy(target), draft_probs.argmax(-1), draft_probs, None,
+            noise, None)
     judge = CompiledStep(adapter, backend=backend).compile(judge_windows)
     plus_one = torch.compile(lambda x: x + 1, backend=backend, dynamic=False)
-    one = torch.ones(3)
+    one = torch.ones(3, device=device)
     kinds: dict[str, Callable[[], object]] = {
         "compiled x + 1": lambda: plus_one(one),
-        "noise draw": lambda: WindowNoise.draw(1, window, vocab, gen, cpu),
+        "noise draw": lambda: WindowNoise.draw(1, window, vocab, gen, device),
         "judge, compiled": lambda: judge(*args),
         "judge, eager": lambda: judge_windows(*args),
     }
-    for call in kinds.values():  # compile, and settle the allocator
+    for call in kinds.values():
         for _ in range(3):
             call()
+    return kinds
+
+
+def measure_calls(kinds: dict[str, Callable[[], object]], befores: dict[str, Callable[[], object] | None], calls: int,
+                  rounds: int) -> list[dict[str, Any]]:
+    """Per call kind, the host CPU time per call (:func:`per_call_us`) under every condition (name -> what runs,
+    untimed, before each call; None: nothing)."""
+    return [{"call": name, **{condition: per_call_us(call, before, calls, rounds) for condition, before in befores.items()}}
+            for name, call in kinds.items()]
+
+
+def measure(window: int, sweep_mb: float, calls: int, rounds: int, backend: str = "inductor") -> list[dict[str, Any]]:
+    """Every call kind under every condition (:data:`CONDITIONS`), on the toy, CPU, one thread."""
+    from csd.adapters.toy import load_toy_adapter
+
+    torch.set_num_threads(1)
+    adapter = load_toy_adapter()
+    kinds = call_kinds(adapter, window, backend)
     sweep = torch.ones(int(sweep_mb * 2**20 / 4))
     decoder = adapter.decoder()
     ids = torch.randint(0, 100, (1, window))
@@ -93,15 +112,10 @@ def measure(window: int, sweep_mb: float, calls: int, rounds: int, backend: str 
 
     befores: dict[str, Callable[[], object] | None] = {
         "warm": None, "after sweep": lambda: sweep.mul_(1.0), "after forward": forward}
-    params = sum(p.numel() * p.element_size() for p in decoder.parameters()) / 2**20
-    rows = []
-    for name, call in kinds.items():
-        row: dict[str, float | str] = {"call": name, "backend": backend, "window": window, "vocab": vocab, "sweep_mb": sweep_mb,
-                                       "decoder_mb": round(params, 2)}
-        for condition, before in befores.items():
-            row[condition] = per_call_us(call, before, calls, rounds)
-        rows.append(row)
-    return rows
+    decoder_mb = sum(p.numel() * p.element_size() for p in decoder.parameters()) / 2**20
+    meta = {"backend": backend, "window": window, "vocab": adapter.vocab_size, "sweep_mb": sweep_mb,
+            "decoder_mb": round(decoder_mb, 2)}
+    return [{**row, **meta} for row in measure_calls(kinds, befores, calls, rounds)]
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -18,17 +18,21 @@ on the compiled path (inductor, CUDA graphs) and the eager one:
 * ``exactness``: the compiled path's tokens against the eager path's in fp32 on the same device, on the tiny Janus
   (batch 1 and B = 3): the token-for-token check the bf16 ``agreement`` cannot be;
 * ``overhead``: CSD's cost over SJD per iteration: ``verify_window`` on the same ``[L, V]`` tensors
-  (``bench_latency.verify_times``); ``images`` also reports the difference of their ms per iteration.
+  (``bench_latency.verify_times``); ``images`` also reports the difference of their ms per iteration;
+* ``host_calls``: the host's CPU time per call of the engine's small calls between two forwards (a trivial compiled
+  function, a window's noise draw, the compiled and the eager verification of one full window:
+  ``experiments.bench_cold_calls``), warm and after a compiled ``q = L`` step: on a CPU a forward evicts the caches
+  and the calls cost several times more after it; on a GPU the forward runs on the device.
 
 Random weights give a near-uniform target, so Jacobi acceptance, NFE and step compression mean nothing here: the SJD
 and CSD image latencies are ms per iteration x the iterations random weights happen to need; judge them by ms per
 iteration (per-iteration cost), which does not depend on the weights. Each part runs on its own: an error is recorded
-in the results (type, message, last traceback lines) and the next part runs; a part started after ``--budget-s``
-is skipped and says so. Every part's result and the targets (:data:`TARGETS`), measured value next to target, go to
+in the results (type, message, last traceback lines) and the next part runs; a part started after the budget
+(``Setup.budget_s``: 420 s) is skipped and says so. Every part's result and the targets (:data:`TARGETS`), measured value next to target, go to
 ``<out>/gpu_check_<model>_<device>.json`` and ``.md`` (default ``results/bench``; ``--smoke``: ``runs/bench``).
 
 GPU (one H200, ~8-9 min, of which ~3 min compile; 382 s on 2026-12-04 before the warm-up images, ``exactness`` and
-``kernels`` were added)::
+``kernels`` were added; ``host_calls`` adds about a minute when it starts within the budget)::
 
     HF_HUB_OFFLINE=1 python -m experiments.gpu_check
 
@@ -57,19 +61,21 @@ import transformers
 from omegaconf import OmegaConf
 
 from csd.acceptance import CSD, SJD
-from csd.device import resolve_device
+from csd.device import resolve_device, synchronize
 from csd.drafters.chain import ChainDrafter
 from csd.engine import JacobiEngine
 from csd.fast import CompiledStep
 from csd.plan import GB, model_shape, module_bytes, plan_memory
 from csd.presets import CONF_DIR
 from csd.slot import Request
-from experiments import bench_latency, bench_throughput
+from experiments import bench_cold_calls, bench_latency, bench_throughput
 
 #: NVIDIA H200 HBM3e memory bandwidth, bytes/s (NVIDIA H200 Tensor Core GPU datasheet: 4.8 TB/s)
 H200_BANDWIDTH = 4.8e12
-#: in the order they run: the cheap ones first, throughput (a compilation per batch size) last but the memory it feeds
-PARTS = ("floor", "steps", "kernels", "overhead", "images", "exactness", "agreement", "throughput", "memory")
+#: in the order they run: the cheap ones first, throughput (a compilation per batch size) late; host_calls (a
+#: diagnosis, first to go when the time runs short) and the memory, which reads the throughput part, last
+PARTS = ("floor", "steps", "kernels", "overhead", "images", "exactness", "agreement", "throughput", "host_calls",
+         "memory")
 #: parts that only read other parts' results: never skipped past the budget
 DERIVED = ("memory",)
 
@@ -87,10 +93,11 @@ class Setup:
     verify_reps: int
     batch_sizes: tuple[int, ...]
     budget_s: float
+    host_calls: int
 
 
-FULL = Setup("janus_pro_7b", "bfloat16", 32, "inductor", 3, 30, 200, (1, 4, 16), 420.0)
-SMOKE = Setup("janus_pro_tiny", "float32", 8, "aot_eager", 1, 3, 20, (1, 4, 16), 600.0)
+FULL = Setup("janus_pro_7b", "bfloat16", 32, "inductor", 3, 30, 200, (1, 4, 16), 420.0, 100)
+SMOKE = Setup("janus_pro_tiny", "float32", 8, "aot_eager", 1, 3, 20, (1, 4, 16), 600.0, 3)
 
 
 @dataclass
@@ -238,9 +245,25 @@ def kernels(check: Check) -> dict[str, Any]:
     return bench_latency.step_kernels(check.adapter, check.compiled, check.prompt, check.setup.window, 20)
 
 
+def host_calls(check: Check) -> dict[str, Any]:
+    """The engine's small calls, host CPU time per call, warm and after a compiled ``q = L`` step at a full image's
+    context, synchronised and rolled back (``experiments.bench_cold_calls``)."""
+    s = check.setup
+    kinds = bench_cold_calls.call_kinds(check.adapter, s.window, s.backend)
+    forward, _, _, _ = bench_latency.full_image_batch(check.adapter, check.compiled, check.prompt, s.window)
+
+    def step() -> None:
+        forward(s.window)
+        forward.batch.rollback([s.window])
+        synchronize(check.device)
+
+    rows = bench_cold_calls.measure_calls(kinds, {"warm": None, "after forward": step}, s.host_calls, 3)
+    return {row.pop("call"): row for row in rows}
+
+
 RUNNERS: dict[str, Callable[[Check], dict[str, Any]]] = {
     "floor": floor, "steps": steps, "agreement": agreement, "images": images, "throughput": throughput,
-    "memory": memory, "overhead": overhead, "exactness": exactness, "kernels": kernels,
+    "memory": memory, "overhead": overhead, "exactness": exactness, "kernels": kernels, "host_calls": host_calls,
 }
 
 
@@ -327,6 +350,9 @@ def part_summary(name: str, result: dict[str, Any]) -> str:
                 f"ms wall; top: {top}")
     if name == "throughput":
         return "; ".join(f"B = {b}: {r['images_per_s']:.2f} images/s" for b, r in result["batches"].items())
+    if name == "host_calls":
+        return "; ".join(f"{call}: {r['warm']:.0f} us warm, {r['after forward']:.0f} us after a step"
+                         for call, r in result.items())
     return ", ".join(f"{k}: {fmt(v)}" for k, v in result.items())
 
 

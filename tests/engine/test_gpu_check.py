@@ -26,6 +26,9 @@ def test_smoke_run_measures_every_part(tmp_path):
     assert all(parts["images"][name]["outside_step_share"] < 1 for name in ("ar", "sjd", "csd"))
     assert parts["memory"]["plan_gb"] > parts["memory"]["plan_weights_gb"] > 0
     assert parts["exactness"]["min_equal_share"] == 1.0  # compiled = eager in fp32, batch 1 and B = 3
+    calls = parts["host_calls"]
+    assert set(calls) == {"compiled x + 1", "noise draw", "judge, compiled", "judge, eager"}
+    assert all(r["warm"] > 0 and r["after forward"] > 0 for r in calls.values())
     top = parts["kernels"]["top"]
     assert top and parts["kernels"]["self_ms_per_step"] > 0 and sum(k["share"] for k in top) <= 1 + 1e-9
     assert any("mm" in k["name"] for k in top)  # the step's matrix products are among its heaviest operators
