@@ -9,6 +9,7 @@ module below this one names a concrete rule, drafter, model or dataset, and impo
 from __future__ import annotations
 
 import dataclasses
+import json
 import typing
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -146,6 +147,41 @@ def compiled_step(adapter: ModelAdapter, engine: DictConfig) -> CompiledStep | N
     )
 
     return CompiledStep(adapter, engine.max_cache_len, engine.compile_backend)
+
+
+class Models:
+    """The adapter of one model config, built on first use and kept, with its compiled step per compile setting.
+
+    The runs of one process that decode with the same model (the study: its calibration and every run) share one copy
+    of the weights and one set of compiled graphs, instead of loading and compiling per run and holding two copies
+    at once (the calibration's and a run's). Another model config or device replaces the kept one (freed first). A
+    decoded image depends only on its prompt and seed, never on which engine ran on the adapter before.
+    """
+
+    def __init__(self) -> None:
+        self._key: tuple[str, str] | None = None
+        self._adapter: ModelAdapter | None = None
+        self._compiled: dict[tuple[Any, ...], CompiledStep] = {}
+
+    def adapter(self, model: DictConfig, device: torch.device) -> ModelAdapter:
+        """:func:`build_adapter` of ``model`` on ``device``, or the kept adapter when it is that one."""
+        key = (json.dumps(OmegaConf.to_container(model, resolve=True), sort_keys=True), str(device))
+        if self._adapter is None or key != self._key:
+            self._key, self._adapter, self._compiled = None, None, {}  # the old weights go before the new ones load
+            self._adapter, self._key = build_adapter(model, device), key
+        return self._adapter
+
+    def compiled(self, adapter: ModelAdapter, engine: DictConfig) -> CompiledStep | None:
+        """:func:`compiled_step` of the kept ``adapter`` under ``engine``, built once per compile setting."""
+        if adapter is not self._adapter:
+            raise ValueError("Models.compiled: the adapter is not the kept one (Models.adapter)")
+        key = (engine.compile, engine.max_cache_len, engine.compile_backend)
+        if key not in self._compiled:
+            step = compiled_step(adapter, engine)
+            if step is None:
+                return None
+            self._compiled[key] = step
+        return self._compiled[key]
 
 
 def load_prompts(dataset: DictConfig) -> list[Prompt]:

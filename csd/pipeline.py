@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from csd.adapters.base import ModelAdapter
-from csd.compose import build_adapter, build_drafter, build_rule, compiled_step, load_prompts, method_params
+from csd.compose import Models, build_drafter, build_rule, load_prompts, method_params
 from csd.decode import decode_tokens
 from csd.device import resolve_device, synchronize
 from csd.drafters.chain import ChainDrafter
@@ -129,8 +129,9 @@ class GenerationInterrupted(KeyboardInterrupt):
     """Ctrl-C in the generate stage; the message says how many images are saved (every finished one is)."""
 
 
-def generate_run(cfg: DictConfig) -> Path:
-    """Generate every (prompt, sample) of the dataset not yet in ``cfg.run_dir`` (resume-safe).
+def generate_run(cfg: DictConfig, models: Models | None = None) -> Path:
+    """Generate every (prompt, sample) of the dataset not yet in ``cfg.run_dir`` (resume-safe), with the model of
+    ``models`` (``csd.compose.Models``: kept for the caller's next run; default: this run's own).
 
     Holds the directory's (or its shard's) lock and checks its fingerprint and shard count (csd.rundir)
     before the model loads, so a second writer or a resume with other settings is refused without adding a
@@ -150,7 +151,7 @@ def generate_run(cfg: DictConfig) -> Path:
         check_shards(run_dir, cfg, prompts)
         writer = RecordWriter(run_dir, records_file(shard, num_shards), expected=run_settings(cfg))
         try:
-            generate_missing(cfg, prompts, writer)
+            generate_missing(cfg, prompts, writer, models or Models())
         except KeyboardInterrupt:
             keys = [
                 (p.prompt_id, s) for p in prompts for s in range(cfg.dataset.samples_per_prompt)
@@ -213,8 +214,8 @@ def check_fits(cfg: DictConfig, adapter: ModelAdapter, prompts: list[Prompt]) ->
                           f"engine.max_cache_len >= {need}, or null to size the cache for each prompt")
 
 
-def generate_missing(cfg: DictConfig, prompts: list[Prompt], writer: RecordWriter) -> None:
-    """Load the model and generate the images ``writer`` does not have yet.
+def generate_missing(cfg: DictConfig, prompts: list[Prompt], writer: RecordWriter, models: Models) -> None:
+    """Load the model (``models``: or take the one it keeps) and generate the images ``writer`` does not have yet.
 
     Up to ``engine.batch_size`` images are decoded at once; each record is written as its image
     finishes (completion order; records are keyed by (prompt_id, sample)), so an interruption loses only
@@ -237,8 +238,8 @@ def generate_missing(cfg: DictConfig, prompts: list[Prompt], writer: RecordWrite
         log.info("%s: all %d images already generated", run_dir, n_images)
         return
     device = resolve_device(cfg.device)
-    adapter = build_adapter(cfg.model, device)
-    compiled = compiled_step(adapter, cfg.engine)
+    adapter = models.adapter(cfg.model, device)
+    compiled = models.compiled(adapter, cfg.engine)
     check_fits(cfg, adapter, [prompt for _, prompt, _ in todo])
     write_run_info(run_dir, cfg, params, adapter.describe(), n_images)
     engine = JacobiEngine(adapter, rule, build_drafter(cfg.drafter), batch_size=cfg.engine.batch_size, compiled=compiled)

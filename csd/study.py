@@ -23,7 +23,7 @@ import numpy as np
 from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from csd.compose import build_adapter, build_drafter, build_rule, compiled_step, load_prompts
+from csd.compose import Models, build_drafter, build_rule, load_prompts
 from csd.decode import RunImages
 from csd.deprecations import move_deprecated_keys, rule_class_of
 from csd.device import resolve_device
@@ -102,13 +102,13 @@ def records_by_key(run_dir: Path) -> dict[tuple[str, int], dict[str, Any]]:
     return {(r["prompt_id"], r["sample"]): r for r in load_records(run_dir)}
 
 
-def ensure_run(cfg: DictConfig) -> dict[str, Any]:
-    """Generate (resumes; a finished run generates nothing) and evaluate unless ``metrics.json`` is newer than
-    every records file; returns the run's metrics.json."""
+def ensure_run(cfg: DictConfig, models: Models) -> dict[str, Any]:
+    """Generate (resumes; a finished run generates nothing) with the study's model (``models``) and evaluate unless
+    ``metrics.json`` is newer than every records file; returns the run's metrics.json."""
     from csd.evaluate import evaluate_run
     from csd.pipeline import generate_run
 
-    run_dir = generate_run(cfg)
+    run_dir = generate_run(cfg, models)
     metrics = run_dir / METRICS_FILE
     newest = max(p.stat().st_mtime for p in record_files(run_dir))
     if metrics.exists() and metrics.stat().st_mtime > newest:
@@ -118,9 +118,10 @@ def ensure_run(cfg: DictConfig) -> dict[str, Any]:
 
 class Calibrator:
     """Step compression of a method on the first ``n`` prompts (all samples, the runs' own seeds), decoded by one
-    engine per knob value on one adapter loaded for the whole study; a knob value is measured once."""
+    engine per knob value on the study's adapter and compiled step (``models``, shared with its runs); a knob value is
+    measured once."""
 
-    def __init__(self, cfg: DictConfig, n: int) -> None:
+    def __init__(self, cfg: DictConfig, n: int, models: Models) -> None:
         from csd.pipeline import image_seed
 
         prompts = load_prompts(cfg.dataset)[:n]
@@ -128,20 +129,17 @@ class Calibrator:
         self.requests = [(p.text, image_seed(cfg.seed, i, s)) for i, p in enumerate(prompts)
                          for s in range(cfg.dataset.samples_per_prompt)]
         self.keys = [(p.prompt_id, s) for p in prompts for s in range(cfg.dataset.samples_per_prompt)]
-        self._adapter = None
-        self._compiled = None
+        self.models = models
 
     def compression(self, setup: DictConfig) -> float:
         """Mean per-image step compression (tokens / NFE), the definition of ``metrics.json``'s ``step_compression``."""
         from csd.engine import JacobiEngine
         from csd.slot import Request
 
-        if self._adapter is None:
-            self._adapter = build_adapter(self.cfg.model, resolve_device(self.cfg.device))
-            self._compiled = compiled_step(self._adapter, self.cfg.engine)
+        adapter = self.models.adapter(self.cfg.model, resolve_device(self.cfg.device))
         move_deprecated_keys(setup)
-        engine = JacobiEngine(self._adapter, build_rule(setup.method), build_drafter(setup.drafter),
-                              batch_size=self.cfg.engine.batch_size, compiled=self._compiled)
+        engine = JacobiEngine(adapter, build_rule(setup.method), build_drafter(setup.drafter),
+                              batch_size=self.cfg.engine.batch_size, compiled=self.models.compiled(adapter, self.cfg.engine))
         gens = [gen for _, gen in engine.generate_many(Request(text, seed) for text, seed in self.requests)]
         return float(np.mean([g.step_compression for g in gens]))
 
@@ -206,9 +204,10 @@ def run_study(cfg: DictConfig) -> Path:
     root = Path(cfg.sweep_dir or cfg.run_dir)
     root.mkdir(parents=True, exist_ok=True)
     runs: dict[str, dict[str, Any]] = {}
+    models = Models()  # one adapter and compiled step for the calibration and every run
     for ref in ("ar", "sjd"):
-        runs[ref] = {"metrics": ensure_run(run_config(cfg, method_config(ref, {}), root / ref)), "dir": root / ref}
-    calibrator = Calibrator(cfg, cfg.study.calibration_prompts)
+        runs[ref] = {"metrics": ensure_run(run_config(cfg, method_config(ref, {}), root / ref), models), "dir": root / ref}
+    calibrator = Calibrator(cfg, cfg.study.calibration_prompts, models)
     sjd_records = records_by_key(root / "sjd")
     reference = float(np.mean([sjd_records[k]["step_compression"] for k in calibrator.keys]))
     rules: dict[str, list[dict[str, Any]]] = {}
@@ -219,7 +218,7 @@ def run_study(cfg: DictConfig) -> Path:
                                      "calibration": asdict(match)}
             if match.reachable:
                 run_dir = root / run_name(name, gain)
-                metrics = ensure_run(run_config(cfg, rule_method(spec, match.knob), run_dir))
+                metrics = ensure_run(run_config(cfg, rule_method(spec, match.knob), run_dir), models)
                 runs[run_dir.name] = {"metrics": metrics, "dir": run_dir}
                 entry["run"] = run_dir.name
             else:

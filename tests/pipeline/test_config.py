@@ -276,3 +276,37 @@ def test_strict_checks_the_metric_files_before_generating(tmp_path, monkeypatch,
             cli.run_stages(cfg)
         assert exit_.value.code == 2 and capsys.readouterr().err.startswith(message)
         assert not (tmp_path / "run" / RECORDS_FILE).exists()
+
+
+def test_models_keeps_one_adapter_and_its_compiled_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``csd.compose.Models``: the same model config gives the kept adapter, another one replaces it (the old one
+    dropped before the new one loads); one compiled step per compile setting of the kept adapter, none eager."""
+    import torch
+
+    from csd import compose
+
+    built: list[tuple[str, object]] = []
+
+    def fake_build(model, device):
+        built.append((model.name, device))
+        return object()  # a stand-in: Models only keeps it
+
+    monkeypatch.setattr(compose, "build_adapter", fake_build)
+    made: list[tuple] = []
+    monkeypatch.setattr(compose, "compiled_step", lambda adapter, engine: made.append((adapter, engine.compile_backend))
+                        or (object() if engine.compile else None))
+    models, cpu = compose.Models(), torch.device("cpu")
+    toy, janus = make_cfg("model=toy"), make_cfg("model=janus_pro_tiny")
+    first = models.adapter(toy.model, cpu)
+    assert models.adapter(make_cfg("model=toy").model, cpu) is first and len(built) == 1
+    eager = make_cfg("model=toy").engine
+    assert models.compiled(first, eager) is None
+    compiled = make_cfg("model=toy", "engine.compile=true", "engine.compile_backend=aot_eager").engine
+    step = models.compiled(first, compiled)
+    assert step is not None and models.compiled(first, compiled) is step
+    assert [backend for _, backend in made] == ["inductor", "aot_eager"]  # the eager setting asked once, kept nothing
+    other = models.adapter(janus.model, cpu)
+    assert other is not first and [name for name, _ in built] == ["toy", "janus_pro_tiny"]
+    with pytest.raises(ValueError, match="not the kept one"):
+        models.compiled(first, compiled)
+    assert models.compiled(other, compiled) is not step

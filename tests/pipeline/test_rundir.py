@@ -41,7 +41,7 @@ def no_model_load(monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(*args, **kwargs):
         raise AssertionError("the model was loaded")
 
-    monkeypatch.setattr("csd.pipeline.build_adapter", refuse)
+    monkeypatch.setattr("csd.compose.build_adapter", refuse)
 
 
 def dead_pid() -> int:

@@ -214,3 +214,31 @@ def test_entropy_regimes_preset_is_one_valid_study_per_temperature() -> None:
             assert cfg.model.temperature == temperature and cfg.model.guidance_scale == 1.5
         study.check_study(cfg)  # the rules and brackets, the same in every regime
     assert set(cfg.study.rules) == {"csd", "csd_gated", "entropy_sjd", "amplify", "addition"}
+
+
+@pytest.mark.slow
+def test_the_study_loads_its_model_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The calibration and every run of a study decode with one adapter (and, compiled, one compiled step): the
+    weights load once, never twice at the same time, and the graphs compile once for the study."""
+    import functools
+
+    import csd.adapters.toy as toy
+    from csd.fast import CompiledStep
+
+    loads, steps, loader, init = [], [], toy.load_toy_adapter, CompiledStep.__init__
+
+    @functools.wraps(loader)  # the loader's return annotation tells what the model supports
+    def counted(*args, **kwargs):
+        loads.append(kwargs.get("device"))
+        return loader(*args, **kwargs)
+
+    def counted_step(self, *args, **kwargs):
+        steps.append(args)
+        init(self, *args, **kwargs)
+
+    monkeypatch.setattr(toy, "load_toy_adapter", counted)
+    monkeypatch.setattr(CompiledStep, "__init__", counted_step)
+    run_stages(study_cfg(tmp_path, "engine.compile=true", "engine.compile_backend=eager",
+                         rules={"csd": RULES["csd"]}))
+    assert (tmp_path / "study" / "csd_x1.25" / "metrics.json").exists()  # calibrated, then run
+    assert len(loads) == 1 and len(steps) == 1
