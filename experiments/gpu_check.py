@@ -32,7 +32,7 @@ in the results (type, message, last traceback lines) and the next part runs; a p
 ``<out>/gpu_check_<model>_<device>.json`` and ``.md`` (default ``results/bench``; ``--smoke``: ``runs/bench``).
 
 GPU (one H200, ~8-9 min, of which ~3 min compile; 382 s on 2026-12-04 before the warm-up images, ``exactness`` and
-``kernels`` were added; ``host_calls`` adds about a minute when it starts within the budget)::
+``kernels`` were added; ``host_calls`` adds ~20 s)::
 
     HF_HUB_OFFLINE=1 python -m experiments.gpu_check
 
@@ -72,9 +72,10 @@ from experiments import bench_cold_calls, bench_latency, bench_throughput
 
 #: NVIDIA H200 HBM3e memory bandwidth, bytes/s (NVIDIA H200 Tensor Core GPU datasheet: 4.8 TB/s)
 H200_BANDWIDTH = 4.8e12
-#: in the order they run: the cheap ones first, throughput (a compilation per batch size) late; host_calls (a
-#: diagnosis, first to go when the time runs short) and the memory, which reads the throughput part, last
-PARTS = ("floor", "steps", "kernels", "overhead", "images", "exactness", "agreement", "throughput", "host_calls",
+#: in the order they run: the cheap ones and the targets' first, throughput (a compilation per batch size) late;
+#: agreement (bf16 tokens of random weights, a diagnosis that ``exactness`` supersedes) is the first part the time
+#: budget skips, and the memory, which reads the throughput part, comes last
+PARTS = ("floor", "steps", "kernels", "overhead", "images", "exactness", "host_calls", "throughput", "agreement",
          "memory")
 #: parts that only read other parts' results: never skipped past the budget
 DERIVED = ("memory",)
