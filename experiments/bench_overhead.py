@@ -14,7 +14,9 @@ forward, and the finished image's record) and ``rest`` (everything else of the p
 the engine's, drafter's and batch's methods from the outside (a few microseconds per iteration), never in the hot path.
 
 ``--compile BACKEND`` measures the compiled path (``engine.compile=true``: the decode step and the verification of full
-windows compiled, ``csd.fast.CompiledStep``; ``forward`` is then the compiled step) after a warm-up that compiles every
+windows compiled, ``csd.fast.CompiledStep``; ``forward`` is then the compiled step, and ``call`` the part of it outside
+its graphs: the compiled call's own cost, dynamo's guard check, frame and argument handling, with ``outside + call``
+the share of the iteration outside the graphs and the prefills) after a warm-up that compiles every
 shape (one fixed cache sized for the longest caption). ``--clock cpu`` times with the thread's CPU time instead of the
 wall clock: on a shared virtual machine the hypervisor's steal time lands in wall-clock timings at random (it does not
 in CPU time), and one thread does all the work.
@@ -160,11 +162,19 @@ def measure(checkout: Path, adapter: Any, method: str, batch: int, images: int, 
     timers.wrap(state, "rollback", "rollback_")
     timers.wrap(state, "keep", "keep")
     timers.wrap(engine, "_advance", "commit")
+    graphs = []
     if compiled is None:
         timers.wrap(adapter, "decode_step", "forward")  # last: the innermost call
     else:
         timers.wrap(compiled, "step_fn", "forward")
         timers.wrap(adapter, "decode_step", "prefill")  # the compiled path's prefills run the eager step
+        import csd.fast as fast_module
+
+        # dynamo calls each compiled graph of the step through a global of the step's module: timing those splits the
+        # step's call into its graph and the call's own cost (guard check, frame, argument handling)
+        graphs = [name for name in vars(fast_module) if name.startswith("__compiled_fn")]
+        for name in graphs:
+            timers.wrap(fast_module, name, "graph")
     forward_in = {"feed": 0.0}
     feed_all = state.forward
 
@@ -191,6 +201,7 @@ def measure(checkout: Path, adapter: Any, method: str, batch: int, images: int, 
     finally:
         timers.restore()
     t = timers.seconds
+    step_call = t["forward"] - t["graph"] if graphs else None
     t["forward"] += t["prefill"]
     prefill_forward = t["forward"] - forward_in["feed"]
     steps = {
@@ -202,18 +213,22 @@ def measure(checkout: Path, adapter: Any, method: str, batch: int, images: int, 
     digest = hashlib.sha256()
     for gen in gens:
         digest.update(gen.tokens.numpy().tobytes())
-    return {"seconds": seconds, "iterations": iterations, "forward": t["forward"], "steps": steps,
+    return {"seconds": seconds, "iterations": iterations, "forward": t["forward"], "step_call": step_call, "steps": steps,
             "tokens": digest.hexdigest()[:16]}
 
 
 def row_cells(row: dict[str, Any]) -> list[str]:
-    """ms/it, forward ms/it, share outside, then each step's ms/it."""
-    per = 1000 / row["iterations"]
+    """ms/it, forward ms/it, share outside, the compiled step's call cost (ms/it) and the share outside with it, then
+    each step's ms/it."""
+    per, call = 1000 / row["iterations"], row.get("step_call")
     return [f"{row['seconds'] * per:.3f}", f"{row['forward'] * per:.3f}", f"{1 - row['forward'] / row['seconds']:.1%}",
+            "-" if call is None else f"{call * per:.3f}",
+            "-" if call is None else f"{1 - (row['forward'] - call) / row['seconds']:.1%}",
             *(f"{row['steps'][s] * per:.3f}" for s in STEPS)]
 
 
-HEADER = "| label | method | B | round | ms/it | forward | outside | " + " | ".join(STEPS) + " | tokens |"
+HEADER = ("| label | method | B | round | ms/it | forward | outside | call | outside + call | " + " | ".join(STEPS)
+          + " | tokens |")
 
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:

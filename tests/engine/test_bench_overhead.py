@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from csd import fast
 from csd.ragged import SlotBatch
 from experiments import bench_overhead
 
@@ -35,6 +36,12 @@ def test_eager_and_compiled_passes_decode_the_same_tokens_and_restore_what_they_
         assert all(steps[s] >= 0 for s in ("propose", "feed", "target", "verify", "commit"))
         assert row["forward"] + sum(steps.values()) == pytest.approx(row["seconds"])
         rows[compile_backend] = row
+        if compile_backend is None:
+            assert row["step_call"] is None
+        else:  # the compiled step's call split into its graphs and the call's own cost, the graphs' timers removed
+            assert 0 < row["step_call"] < row["forward"]
+            graphs = [value for name, value in vars(fast).items() if name.startswith("__compiled_fn")]
+            assert graphs and all(getattr(getattr(g, "__code__", None), "co_name", None) != "timed" for g in graphs)
         assert "decode_step" not in adapter.__dict__
         assert {name: SlotBatch.__dict__[name] for name in methods} == methods
     assert rows[None]["tokens"] == rows["eager"]["tokens"]
