@@ -259,6 +259,17 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
                                               **row}) + "\n")
 
 
+def side_summary(side: list[dict[str, Any]]) -> str:
+    """One side of a pair over its rounds: ms per iteration, forward ms per iteration, the share outside the forward and
+    the share outside the compiled graphs (``-`` when a round has no ``step_call``: the eager path)."""
+    wall = sum(row["seconds"] for row in side)
+    forward = sum(row["forward"] for row in side)
+    its = sum(row["iterations"] for row in side)
+    calls = [row.get("step_call") for row in side]
+    with_call = "-" if None in calls else f"{1 - (forward - sum(calls)) / wall:.1%}"
+    return f"{1000 * wall / its:.3f}, {1000 * forward / its:.3f}, {1 - forward / wall:.1%}, {with_call}"
+
+
 def pair(args: argparse.Namespace) -> None:
     """``--rounds`` rounds of this checkout (``after``) and ``--pair`` (``before``) in alternating order; the after /
     before ratios of every round and the check that both decoded the same tokens."""
@@ -279,8 +290,8 @@ def pair(args: argparse.Namespace) -> None:
     by_key: dict[tuple, dict[str, list]] = defaultdict(lambda: defaultdict(list))
     for row in rows:
         by_key[(row["method"], row["batch"])][row["label"]].append(row)
-    print("\n| method | B | after / before ms/it (per round) | before: ms/it, forward, outside | after: ms/it, forward, "
-          "outside | tokens equal |\n|---|---|---|---|---|---|")
+    print("\n| method | B | after / before ms/it (per round) | before: ms/it, forward, outside, outside + call | after: "
+          "ms/it, forward, outside, outside + call | tokens equal |\n|---|---|---|---|---|---|")
     mismatch = []
     for (method, batch), sides in by_key.items():
         before, after = sides["before"], sides["after"]
@@ -289,13 +300,7 @@ def pair(args: argparse.Namespace) -> None:
         if len(same) != 1:
             mismatch.append((method, batch))
 
-        def summary(side: list[dict]) -> str:
-            wall = sum(row["seconds"] for row in side)
-            forward = sum(row["forward"] for row in side)
-            its = sum(row["iterations"] for row in side)
-            return f"{1000 * wall / its:.3f}, {1000 * forward / its:.3f}, {1 - forward / wall:.1%}"
-
-        print(f"| {method} | {batch} | {', '.join(f'{x:.3f}' for x in ratios)} | {summary(before)} | {summary(after)} | "
+        print(f"| {method} | {batch} | {', '.join(f'{x:.3f}' for x in ratios)} | {side_summary(before)} | {side_summary(after)} | "
               f"{'yes' if len(same) == 1 else 'NO'} |")
     if mismatch:
         raise SystemExit(f"before and after decoded different tokens: {mismatch}")

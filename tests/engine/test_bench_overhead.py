@@ -46,3 +46,11 @@ def test_eager_and_compiled_passes_decode_the_same_tokens_and_restore_what_they_
         assert {name: SlotBatch.__dict__[name] for name in methods} == methods
     assert rows[None]["tokens"] == rows["eager"]["tokens"]
     assert rows[None]["iterations"] == rows["eager"]["iterations"]
+
+
+def test_a_pair_side_sums_its_rounds_with_and_without_the_call():
+    rounds = [{"seconds": 1.0, "forward": 0.8, "iterations": 100, "step_call": 0.05},
+              {"seconds": 3.0, "forward": 2.6, "iterations": 300, "step_call": 0.15}]
+    assert bench_overhead.side_summary(rounds) == "10.000, 8.500, 15.0%, 20.0%"
+    eager = [{**row, "step_call": None} for row in rounds]
+    assert bench_overhead.side_summary(eager) == "10.000, 8.500, 15.0%, -"
