@@ -137,13 +137,8 @@ class RaggedCache:
         """
         indices = range(*rows.indices(self.rows))
         advance = [True] * len(indices) if advance is None else list(advance)
-        for r, grows in zip(indices, advance, strict=True):
-            if grows and self.filled[r] + q > self.capacity:
-                raise ValueError(
-                    f"cache overflow: row {r} holds {self.filled[r]} + {q} entries > capacity {self.capacity}"
-                    + ("; raise engine.max_cache_len" if self.fixed else "")
-                )
-        positions = (self.lengths[rows, None] + torch.arange(q, device=self.device)).clamp(max=self.capacity - 1)
+        self._check_room(indices, q, advance)
+        positions = self._positions(rows, q)
         needed = max((self.filled[r] + q for r, grows in zip(indices, advance, strict=True) if grows), default=q)
         self._bound = self.capacity if self.fixed else key_bound(needed, self.capacity)
         write = positions
@@ -160,13 +155,56 @@ class RaggedCache:
         self._active, self._write = rows, write
         if len(self._row_index) != positions.shape[0]:
             self._row_index = torch.arange(positions.shape[0], device=self.device)[:, None]
+        self.advance(rows, q, advance)
+        return positions, mask.unsqueeze(1)
+
+    def reserve(self, q: int, advance: Sequence[bool]) -> None:
+        """:meth:`extend` of every row of a fixed cache, split for a compiled forward: the host half (the bounds check,
+        the key bound, the write rows) here, then the forward's graph calls :meth:`feed` (positions, mask, write
+        indices from the device ``lengths``), then :meth:`advance`. The same entries, positions and mask as
+        :meth:`extend` (causal windows: no tree, shift or recorded positions)."""
+        if not self.fixed or self.key_pos is not None:
+            raise ValueError("reserve / feed serve a fixed cache without shifted positions; use extend")
+        self._check_room(range(self.rows), q, advance)
+        self._bound, self._span, self._active = self.capacity, None, slice(0, self.rows)
+        if len(self._row_index) != self.rows:
+            self._row_index = torch.arange(self.rows, device=self.device)[:, None]
+
+    def feed(self, q: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Inside the compiled forward, after :meth:`reserve`: every row's ``position_ids [R, q]`` and additive
+        ``attention_mask [R, 1, q, capacity]`` of :meth:`extend`, computed from the device ``lengths`` (0 where key
+        ``k <= position``, the dtype's minimum after: the causal table's rows, built in the graph instead of gathered
+        from it), and the forward's write indices."""
+        positions = self._positions(slice(0, self.rows), q)
+        keys = torch.arange(self.capacity, device=self.device)
+        mask = torch.zeros((self.rows, q, self.capacity), dtype=self.dtype, device=self.device)
+        mask = mask.masked_fill(keys > positions[:, :, None], torch.finfo(self.dtype).min)
+        self._write = positions
+        return positions, mask.unsqueeze(1)
+
+    def advance(self, rows: slice, q: int, advance: Sequence[bool]) -> None:
+        """After a forward of ``q`` entries on ``rows``: the rows flagged in ``advance`` hold them (``lengths`` on the
+        device, ``filled`` on the host)."""
         if all(advance):
             self.lengths[rows] += q
         else:
             self.lengths[rows] += q * to_device(advance, self.device)
-        for r, grows in zip(indices, advance, strict=True):
+        for r, grows in zip(range(*rows.indices(self.rows)), advance, strict=True):
             self.filled[r] += q * grows
-        return positions, mask.unsqueeze(1)
+
+    def _check_room(self, indices: range, q: int, advance: Sequence[bool]) -> None:
+        """A clear error before a forward of ``q`` entries that an advancing row has no room for."""
+        for r, grows in zip(indices, advance, strict=True):
+            if grows and self.filled[r] + q > self.capacity:
+                raise ValueError(
+                    f"cache overflow: row {r} holds {self.filled[r]} + {q} entries > capacity {self.capacity}"
+                    + ("; raise engine.max_cache_len" if self.fixed else "")
+                )
+
+    def _positions(self, rows: slice, q: int) -> torch.Tensor:
+        """``[A, q]`` the indices the next ``q`` entries of ``rows`` go to (clamped to the last entry: a row that does
+        not advance writes past its length)."""
+        return (self.lengths[rows, None] + torch.arange(q, device=self.device)).clamp(max=self.capacity - 1)
 
     def _mask(self, rows: slice, q: int, positions: torch.Tensor, tree: TreeMask | None, shifted: bool,
               groups: torch.Tensor | None) -> torch.Tensor:

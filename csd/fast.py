@@ -35,13 +35,14 @@ def isolation() -> dict[str, bool]:
     return {"isolate_recompiles": True} if ISOLATES else {}
 
 
-def step_and_target(step: StepFn, target: TargetFn | None, rows: int, ids: torch.Tensor, cache: RaggedCache,
-                    position_ids: torch.Tensor, attention_mask: torch.Tensor
+def step_and_target(step: StepFn, target: TargetFn | None, rows: int, ids: torch.Tensor, cache: RaggedCache
                     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """One decode step and, with ``target``, the engine's target step on its output, as one function to compile:
-    raw logits ``[N, q, V_raw]`` (``N`` = slots x ``rows`` CFG rows), ``q = target(raw as [N / rows, rows, q, V_raw])``
-    for every column and its entropy ``H(q)`` (docs/ALGORITHMS.md "The engine loop", steps 2-3); without ``target``
-    the logits and two Nones."""
+    """One decode step on every row of a fixed cache and, with ``target``, the engine's target step on its output, as
+    one function to compile: the step's position ids and mask from the cache's device lengths
+    (``RaggedCache.feed``, after ``RaggedCache.reserve``), raw logits ``[N, q, V_raw]`` (``N`` = slots x ``rows`` CFG
+    rows), ``q = target(raw as [N / rows, rows, q, V_raw])`` for every column and its entropy ``H(q)``
+    (docs/ALGORITHMS.md "The engine loop", steps 2-3); without ``target`` the logits and two Nones."""
+    position_ids, attention_mask = cache.feed(ids.shape[1])
     raw = step(ids, cache, position_ids, attention_mask)
     if target is None:
         return raw, None, None
@@ -124,12 +125,19 @@ class CompiledStep:
             self.compiled_post[fn] = torch.compile(fn, backend=self.backend, dynamic=False, **isolation())
         return self.compiled_post[fn]
 
-    def __call__(self, ids: torch.Tensor, cache: RaggedCache, position_ids: torch.Tensor,
-                 attention_mask: torch.Tensor, target: TargetFn | None = None, rows: int = 1
+    def captures(self, device: torch.device) -> bool:
+        """Whether the step's graphs are CUDA graphs on ``device`` (inductor's ``reduce-overhead`` mode on CUDA), whose
+        replays overwrite their output buffers."""
+        return self.backend == "inductor" and device.type == "cuda"
+
+    def __call__(self, ids: torch.Tensor, cache: RaggedCache, target: TargetFn | None = None, rows: int = 1
                  ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        """The compiled :func:`step_and_target` of the adapter's step (``rows``: CFG rows per slot), as a new CUDA-graph
-        step whose outputs are cloned (a replay overwrites its output buffers, so the caller keeps copies). One graph
+        """The compiled :func:`step_and_target` of the adapter's step on every row of ``cache`` (after
+        ``cache.reserve``; ``rows``: CFG rows per slot). As CUDA graphs (:meth:`captures`) each call is a new
+        step whose outputs are cloned: a replay overwrites its output buffers, so the caller keeps copies. One graph
         per window length and ``target`` (the engine always passes its own)."""
         torch.compiler.cudagraph_mark_step_begin()
-        out = self.step_fn(self.decode_step, target, rows, ids, cache, position_ids, attention_mask)
+        out = self.step_fn(self.decode_step, target, rows, ids, cache)
+        if not self.captures(ids.device):
+            return out
         return tuple(None if t is None else t.clone() for t in out)  # type: ignore[return-value]

@@ -5,8 +5,8 @@ entries. :func:`reference_logits` is the no-cache oracle the tests compare it wi
 
 Compiled (``engine.compile=true``, ``csd.fast.CompiledStep``): the decode step is compiled, with the engine's target
 step on its output (``forward(target=...)``), fed ``[B * rows, L]`` or ``[B * rows, 1]`` (the engine pads windows), so
-two graphs in all. Position ids, write indices and the mask are computed from the device ``lengths`` outside the graph
-(inputs of fixed shape, copied into a CUDA graph's static inputs); prefill is eager.
+two graphs in all, on every row of the fixed cache. Position ids, write indices and the mask are computed in the graph
+from the device ``lengths`` (``RaggedCache.reserve`` / ``feed`` / ``advance``); prefill is eager.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from csd.tree import TreeMask
 
 class FixedStep(Protocol):
     """A decode step compiled for a fixed cache (``csd.fast.CompiledStep``): the cache it gives a batch, emptied, and
-    ``step(inputs, cache, position_ids, attention_mask, target, rows) -> (logits, q, H(q))`` on it (``q``: ``target``
-    of the logits, None without it)."""
+    ``step(inputs, cache, target, rows) -> (logits, q, H(q))`` on every row of it, after ``cache.reserve`` (``q``:
+    ``target`` of the logits, None without it)."""
 
     def fixed_cache(self, rows: int, prompt_len: int) -> RaggedCache: ...
 
@@ -144,16 +144,20 @@ class SlotBatch:
             shift = shift.to(self.cache.device).repeat_interleave(rows, dim=0)
         if groups is not None:
             groups = groups.to(self.cache.device).repeat_interleave(rows, dim=0)
-        position_ids, mask = self.cache.extend(slice(0, self.cache.rows), k, advance, tree, shift, groups)
         self.ran = list(active)
         hidden = None
-        if features:
-            hidden = self.adapter.features_step(inputs, self.cache, position_ids, mask)
-            logits = self.adapter.head(hidden)
-        elif self.compiled is None:
-            logits = self.adapter.decode_step(inputs, self.cache, position_ids, mask)
-        else:  # the compiled step (and target): one graph per window length K (1 or the engine's padded L)
-            logits, q, q_entropy = self.compiled(inputs.contiguous(), self.cache, position_ids, mask, target, rows)
+        if self.compiled is not None and not features:
+            # the compiled step (positions, mask, target): one graph per window length K (1 or the engine's padded L)
+            self.cache.reserve(k, advance)
+            logits, q, q_entropy = self.compiled(inputs.contiguous(), self.cache, target, rows)
+            self.cache.advance(slice(0, self.cache.rows), k, advance)
+        else:
+            position_ids, mask = self.cache.extend(slice(0, self.cache.rows), k, advance, tree, shift, groups)
+            if features:
+                hidden = self.adapter.features_step(inputs, self.cache, position_ids, mask)
+                logits = self.adapter.head(hidden)
+            else:
+                logits = self.adapter.decode_step(inputs, self.cache, position_ids, mask)
         blind = [first and empty for first, row in zip(from_prompt, range(0, self.cache.rows, rows), strict=True)
                  for empty in self.no_prompt[row : row + rows]]
         logits = _first_row_where(blind, logits.view(slots, rows, k, -1))

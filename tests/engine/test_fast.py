@@ -322,6 +322,47 @@ def test_fixed_cache_mask_is_causal_over_the_whole_capacity():
         assert mask.shape == (3, 1, q, 24) and torch.equal(mask[:, 0], want)
 
 
+def test_fixed_cache_feed_in_the_graph_equals_extend():
+    """``reserve`` + ``feed`` + ``advance`` (the compiled step's split of ``extend``: positions, mask and write indices
+    computed in the graph) give ``extend``'s position ids, mask, write indices, device lengths and host mirror, bit for
+    bit, for rows of different lengths, a row that does not advance (it writes past its length, clamped) and either
+    window length; traced by dynamo (``fullgraph``) too. A cache that is not fixed, or has recorded shifted positions,
+    is refused."""
+    from transformers import LlamaConfig
+
+    from csd.cache import RaggedCache
+
+    config = LlamaConfig(hidden_size=8, num_attention_heads=2, num_key_value_heads=1, num_hidden_layers=1)
+
+    def caches() -> list[RaggedCache]:
+        out = []
+        for _ in range(2):
+            cache = RaggedCache(config, 3, 12, torch.float32, torch.device("cpu"), fixed=True)
+            cache.extend(slice(0, 3), 2)
+            cache.extend(slice(0, 3), 3, advance=[True, False, True])
+            cache.extend(slice(0, 3), 6, advance=[True, False, False])  # lengths 11, 2, 5 of 12
+            out.append(cache)
+        return out
+
+    traced = torch.compile(lambda cache, q: cache.feed(q), backend="eager", fullgraph=True, dynamic=False)
+    for feed in (RaggedCache.feed, traced):
+        for q, advance in ((1, [True, True, True]), (4, [False, True, True]), (1, [False, True, True])):
+            want, got = caches()
+            positions, mask = want.extend(slice(0, 3), q, advance)
+            got.reserve(q, advance)
+            got_positions, got_mask = feed(got, q)
+            got.advance(slice(0, 3), q, advance)
+            assert torch.equal(got_positions, positions) and torch.equal(got_mask, mask)
+            assert torch.equal(got._write, want._write) and torch.equal(got._row_index, want._row_index)
+            assert torch.equal(got.lengths, want.lengths) and got.filled == want.filled
+            assert (got._bound, got._span, got._active) == (want._bound, want._span, want._active)
+    assert int(positions[0, 0]) == 11  # the full row that does not advance writes to its last entry
+    with pytest.raises(ValueError, match="cache overflow"):
+        caches()[0].reserve(2, [True, False, False])
+    with pytest.raises(ValueError, match="fixed cache"):
+        RaggedCache(config, 1, 12, torch.float32, torch.device("cpu")).reserve(1, [True])
+
+
 @torch.no_grad()
 def test_compiled_forward_computes_the_target_in_the_step():
     """``SlotBatch.forward(target=...)`` on the compiled step: the target of every column and its entropy come out of
