@@ -19,6 +19,8 @@ on the compiled path (inductor, CUDA graphs) and the eager one:
   (batch 1 and B = 3): the token-for-token check the bf16 ``agreement`` cannot be;
 * ``overhead``: CSD's cost over SJD per iteration: ``verify_window`` on the same ``[L, V]`` tensors
   (``bench_latency.verify_times``); ``images`` also reports the difference of their ms per iteration;
+* ``rules``: every rule class's compiled verification against the eager one on the device, bit for bit, two values of
+  every real-valued parameter on one graph (``experiments.rule_exactness``);
 * ``host_calls``: the host's CPU time per call of the engine's small calls between two forwards (a trivial compiled
   function, a window's noise draw, the compiled and the eager verification of one full window:
   ``experiments.bench_cold_calls``), warm and after a compiled ``q = L`` step: on a CPU a forward evicts the caches
@@ -68,15 +70,16 @@ from csd.fast import CompiledStep
 from csd.plan import GB, model_shape, module_bytes, plan_memory
 from csd.presets import CONF_DIR
 from csd.slot import Request
-from experiments import bench_cold_calls, bench_latency, bench_throughput
+from experiments import bench_cold_calls, bench_latency, bench_throughput, rule_exactness
 
 #: NVIDIA H200 HBM3e memory bandwidth, bytes/s (NVIDIA H200 Tensor Core GPU datasheet: 4.8 TB/s)
 H200_BANDWIDTH = 4.8e12
 #: in the order they run: the cheap ones and the targets' first, throughput (a compilation per batch size) late;
-#: agreement (bf16 tokens of random weights, a diagnosis that ``exactness`` supersedes) is the first part the time
-#: budget skips, and the memory, which reads the throughput part, comes last
-PARTS = ("floor", "steps", "kernels", "overhead", "images", "exactness", "host_calls", "throughput", "agreement",
-         "memory")
+#: rules (a small graph compiled per rule class) and agreement (bf16 tokens of random weights, a diagnosis that
+#: ``exactness`` supersedes) are the first parts the time budget skips (rules alone: ``--parts rules``), and the
+#: memory, which reads the throughput part, comes last
+PARTS = ("floor", "steps", "kernels", "overhead", "images", "exactness", "host_calls", "throughput", "rules",
+         "agreement", "memory")
 #: parts that only read other parts' results: never skipped past the budget
 DERIVED = ("memory",)
 
@@ -240,6 +243,20 @@ def exactness(check: Check) -> dict[str, Any]:
     return out
 
 
+def rules(check: Check) -> dict[str, Any]:
+    """Every rule class's compiled verification (the check's backend: on CUDA inductor's Triton code) against the eager
+    one on this device, bit for bit, for its preset values and for every real-valued parameter moved, on one graph
+    (``experiments.rule_exactness``). ``exactness`` decodes SJD only; here every rule's arithmetic is compared, where
+    eager CUDA and the generated code may round a division differently."""
+    out: dict[str, Any] = {}
+    for method in rule_exactness.rule_presets():
+        try:
+            out[method] = rule_exactness.judge_case(method, check.setup.backend, check.device, fullgraph=False)
+        except Exception as err:  # noqa: BLE001 - one rule's failure (a recompilation, say) is recorded, the next runs
+            out[method] = {"equal": False, "error": f"{type(err).__name__}: {err}"}
+    return {"rules": out, "equal_share": sum(r["equal"] for r in out.values()) / len(out)}
+
+
 def kernels(check: Check) -> dict[str, Any]:
     """The compiled ``q = 1`` step under the profiler (``bench_latency.step_kernels``): its top kernels and their sum
     per step next to the wall time per step, the data to tell a slow kernel from a waiting device."""
@@ -265,6 +282,7 @@ def host_calls(check: Check) -> dict[str, Any]:
 RUNNERS: dict[str, Callable[[Check], dict[str, Any]]] = {
     "floor": floor, "steps": steps, "agreement": agreement, "images": images, "throughput": throughput,
     "memory": memory, "overhead": overhead, "exactness": exactness, "kernels": kernels, "host_calls": host_calls,
+    "rules": rules,
 }
 
 
@@ -296,6 +314,7 @@ TARGETS = (
     Target("CSD overhead over SJD per iteration", ("overhead", "csd_overhead_ms"), 0.1, True, "ms"),
     Target("B = 16 / B = 1 throughput, SJD compiled", ("throughput", "largest_over_first"), 4.0, False, "x"),
     Target("compiled fp32 tokens equal to eager (tiny Janus)", ("exactness", "min_equal_share"), 1.0, False, "share"),
+    Target("rule classes whose compiled verification equals eager", ("rules", "equal_share"), 1.0, False, "share"),
 )
 
 
@@ -351,6 +370,9 @@ def part_summary(name: str, result: dict[str, Any]) -> str:
                 f"ms wall; top: {top}")
     if name == "throughput":
         return "; ".join(f"B = {b}: {r['images_per_s']:.2f} images/s" for b, r in result["batches"].items())
+    if name == "rules":
+        return "; ".join(f"{m}: {'equal' if r['equal'] else r.get('error') or ', '.join(r['unequal'])}"
+                         for m, r in result["rules"].items())
     if name == "host_calls":
         return "; ".join(f"{call}: {r['warm']:.0f} us warm, {r['after forward']:.0f} us after a step"
                          for call, r in result.items())

@@ -13,7 +13,6 @@ tokens): the token-identity tests roll the fixed cache back after rejected carri
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -26,7 +25,7 @@ from csd.engine import JacobiEngine
 from csd.fast import CompiledStep, step_and_target
 from csd.ragged import SlotBatch, reference_logits
 from csd.slot import Request
-from experiments import bench_latency
+from experiments import bench_latency, rule_exactness
 from tests.helpers import OneImage, decode_counts, host_reads_per_batched_run, rejecting_janus
 
 torch.set_num_threads(1)
@@ -406,64 +405,37 @@ def test_toy_model_batched_compiled_engine_matches_eager():
     assert decode_many(adapter, 3, reqs, compiled, rule, window=8) == decode_many(adapter, 3, reqs, None, rule, window=8)
 
 
-def rule_presets() -> list[str]:
-    """The ``conf/method/`` presets that name a rule class (``_target_``), one per class: the others derive from them
-    with other parameter values (``amplify_k4``, ``gsd_g25``, the drafter presets)."""
-    import yaml
-
-    first: dict[str, str] = {}
-    for path in sorted((Path(__file__).resolve().parents[2] / "conf" / "method").glob("*.yaml")):
-        config = yaml.safe_load(path.read_text())
-        target = config.get("_target_") or (config.get("method") or {}).get("_target_")
-        if target is not None:
-            first.setdefault(target, path.stem)
-    return sorted(first.values())
-
-
 def judge_case(method: str, backend: str) -> None:
-    """:func:`judge_windows` of ``method``'s rule (a ``conf/method/`` preset) compiled with ``backend`` and ``fullgraph``
-    (a graph break is an error; ``engine.compile`` compiles it without, ``CompiledStep.compile``), its real-valued
-    parameters tensors as the compiled engine passes them (``with_tensor_params``), on two 6-row windows of the tiny
-    Janus's 16 codes with drafts the target mostly rejects: the eager function's tokens, kinds, counters, counts and
-    samples with the rule's Python floats, exactly; then the same rule with every real-valued parameter moved replays
-    the graph (no recompilation) with that rule's eager results."""
-    from csd.acceptance import entropy
-    from csd.compose import build_rule
-    from csd.schema import Float
-    from csd.verify import WindowNoise
-    from tests.helpers import make_cfg
-
-    adapter = rejecting_janus()
-    gen = torch.Generator().manual_seed(0)
-    target = torch.softmax(3 * torch.randn((2, 6, 16), generator=gen), -1)
-    draft_probs = torch.softmax(3 * torch.randn((2, 5, 16), generator=gen), -1)
-    drafts = torch.multinomial(draft_probs.view(-1, 16), 1, generator=gen).view(2, 5)
-    noise = WindowNoise.draw(2, 6, 16, gen, torch.device("cpu"))
-    torch.compiler.reset()
-    compiled = torch.compile(judge_windows, backend=backend, fullgraph=True, dynamic=False)
-    rule = build_rule(make_cfg(f"method={method}").method)
-    moved = build_rule(make_cfg(f"method={method}").method)
-    reals = [key for key, param in rule.PARAMS.items() if isinstance(param.spec, Float) and getattr(rule, key) is not None]
-    for key in reals:  # another value, inside the allowed range
-        spec, value = rule.PARAMS[key].spec, getattr(rule, key)
-        setattr(moved, key, next(v for v in (value * 0.9, value * 1.1, 0.05) if v != value and spec.error(key, v) is None))
-    for case in (rule, moved):
-        case.setup(adapter)
-        args = (target, entropy(target), drafts, draft_probs, None, noise, None)
-        want = judge_windows(case, *args)
-        with torch.compiler.set_stance("fail_on_recompile" if case is moved else "default"):
-            got = compiled(case.with_tensor_params(torch.device("cpu")), *args)
-        for g, w in zip(got, want, strict=True):
-            assert torch.equal(g, w), (method, backend, case.param_values())
-    assert graphs(judge_windows) == 1
-    assert judge_windows(rule, *args)[3].min() < 6  # a rejection: the residual's sample is judged too
+    """``experiments.rule_exactness.judge_case`` on the CPU, full graph: every output of ``method``'s compiled
+    verification equal to the eager one's for its preset values and for every real-valued parameter moved, one graph
+    for both, and a rejected window among them (the residual's sample judged too)."""
+    result = rule_exactness.judge_case(method, backend, torch.device("cpu"))
+    assert result["equal"], (method, backend, result["unequal"], result["values"])
+    assert result["graphs"] == 1 and result["rejected"]
 
 
-@pytest.mark.parametrize("method", rule_presets())
+@pytest.mark.parametrize("method", rule_exactness.rule_presets())
 def test_every_rule_verifies_fullgraph_with_eager_results(method):
-    """Every rule class of ``conf/method/`` (:func:`rule_presets`) on dynamo's full-graph trace (:func:`judge_case`;
+    """Every rule class of ``conf/method/`` (``rule_exactness.rule_presets``) on dynamo's full-graph trace (:func:`judge_case`;
     inductor's code generation: tests/engine/test_inductor.py)."""
     judge_case(method, "eager")
+
+
+def test_rule_exactness_reports_a_compiled_verification_that_differs(monkeypatch):
+    """Negative control of :func:`judge_case`: when the compiled verification gets other parameter values than the eager
+    one (CSD's ``lam`` and ``delta`` raised on the way into the graph), its tokens differ and the check says which outputs."""
+    from csd.params import Parametrized
+
+    passed = Parametrized.with_tensor_params
+
+    def doubled(self, device):
+        out = passed(self, device)
+        out.lam, out.delta = out.lam + 10, out.delta + 1  # every draft passes the filter and is accepted
+        return out
+
+    monkeypatch.setattr(Parametrized, "with_tensor_params", doubled)
+    result = rule_exactness.judge_case("csd", "eager", torch.device("cpu"))
+    assert not result["equal"] and "preset: tokens" in result["unequal"] and "moved: tokens" in result["unequal"]
 
 
 def test_more_verification_graphs_than_dynamo_keeps_run_eagerly():

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from experiments import gpu_check
+from experiments import gpu_check, rule_exactness
 
 
 @pytest.mark.slow
@@ -26,6 +26,7 @@ def test_smoke_run_measures_every_part(tmp_path):
     assert all(parts["images"][name]["outside_step_share"] < 1 for name in ("ar", "sjd", "csd"))
     assert parts["memory"]["plan_gb"] > parts["memory"]["plan_weights_gb"] > 0
     assert parts["exactness"]["min_equal_share"] == 1.0  # compiled = eager in fp32, batch 1 and B = 3
+    assert parts["rules"]["equal_share"] == 1.0 and set(parts["rules"]["rules"]) == set(rule_exactness.rule_presets())
     calls = parts["host_calls"]
     assert set(calls) == {"compiled x + 1", "noise draw", "judge, compiled", "judge, eager"}
     assert all(r["warm"] > 0 and r["after forward"] > 0 for r in calls.values())
@@ -71,7 +72,7 @@ def targets_table(smoke: bool) -> str:
     """The summary of a check whose every target was measured and missed, as a smoke run or a full one."""
     results = {"steps": {"result": {"compiled": {"q1": {"median_ms": 9.0}}, "compiled_verify_over_step": 2.0}},
                "overhead": {"result": {"csd_overhead_ms": 1.0}}, "throughput": {"result": {"largest_over_first": 1.0}},
-               "exactness": {"result": {"min_equal_share": 0.5}}}
+               "exactness": {"result": {"min_equal_share": 0.5}}, "rules": {"result": {"equal_share": 0.875}}}
     meta = {"model": "janus_pro_tiny", "dtype": "float32", "device_name": "cpu", "smoke": smoke, "torch": "x", "transformers": "x",
             "window": 32, "backend": "aot_eager", "wall_s": 1.0}
     res = {"meta": meta, "targets": [t.judge(results, judged=not smoke) for t in gpu_check.TARGETS], "parts": {}}

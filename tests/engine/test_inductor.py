@@ -22,7 +22,8 @@ from csd.acceptance import CSD, SJD
 from csd.drafters.chain import judge_windows
 from csd.fast import CompiledStep, step_and_target
 from csd.slot import Request
-from tests.engine.test_fast import batch_requests, decode_many, graphs, judge_case, rule_presets
+from experiments.rule_exactness import rule_presets
+from tests.engine.test_fast import batch_requests, decode_many, graphs, judge_case
 from tests.helpers import rejecting_janus
 
 pytestmark = [pytest.mark.slow, pytest.mark.inductor]
