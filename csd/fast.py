@@ -22,6 +22,8 @@ from csd.cache import RaggedCache, default_cache_len
 
 #: ``decode_step(inputs, cache, position_ids, attention_mask) -> logits``
 StepFn = Callable[..., torch.Tensor]
+#: ``body_inputs(ids [N, K]) -> [N, K, ...]`` model inputs of body token ids
+EmbedFn = Callable[[torch.Tensor], torch.Tensor]
 #: the engine's target pipeline (``csd.processors.TargetPipeline``): raw logits ``[B, rows, K, V_raw]`` -> ``q [B, K, V]``
 TargetFn = Callable[[torch.Tensor], torch.Tensor]
 #: whether ``torch.compile`` keeps each call's graphs to itself (``isolate_recompiles``, new in torch 2.13; the pinned
@@ -35,15 +37,21 @@ def isolation() -> dict[str, bool]:
     return {"isolate_recompiles": True} if ISOLATES else {}
 
 
-def step_and_target(step: StepFn, target: TargetFn | None, rows: int, ids: torch.Tensor, cache: RaggedCache
+def step_and_target(step: StepFn, embed: EmbedFn, target: TargetFn | None, rows: int, ids: torch.Tensor,
+                    cache: RaggedCache, tail: torch.Tensor, anchored: torch.Tensor
                     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """One decode step on every row of a fixed cache and, with ``target``, the engine's target step on its output, as
-    one function to compile: the step's position ids and mask from the cache's device lengths
-    (``RaggedCache.feed``, after ``RaggedCache.reserve``), raw logits ``[N, q, V_raw]`` (``N`` = slots x ``rows`` CFG
-    rows), ``q = target(raw as [N / rows, rows, q, V_raw])`` for every column and its entropy ``H(q)``
-    (docs/ALGORITHMS.md "The engine loop", steps 2-3); without ``target`` the logits and two Nones."""
+    one function to compile: the model inputs of every slot's window ``ids [N / rows, q]`` (``embed``, the adapter's
+    ``body_inputs``, of each CFG row; column 0 of a row flagged in ``anchored [N]`` is its prompt's last token's input
+    ``tail [N, 1, ...]``: :func:`csd.ragged.anchor_inputs`), the step's position ids and mask from the cache's device
+    lengths (``RaggedCache.feed``, after ``RaggedCache.reserve``), raw logits ``[N, q, V_raw]`` (``N`` = slots x
+    ``rows`` CFG rows), ``q = target(raw as [N / rows, rows, q, V_raw])`` for every column and its entropy ``H(q)``
+    (docs/ALGORITHMS.md "The engine loop", steps 1-3); without ``target`` the logits and two Nones."""
+    from csd.ragged import anchor_inputs  # the one definition the eager path uses too
+
+    inputs = anchor_inputs(embed(ids.repeat_interleave(rows, dim=0)), tail, anchored)
     position_ids, attention_mask = cache.feed(ids.shape[1])
-    raw = step(ids, cache, position_ids, attention_mask)
+    raw = step(inputs, cache, position_ids, attention_mask)
     if target is None:
         return raw, None, None
     q = target(raw.view(-1, rows, *raw.shape[1:]))
@@ -86,7 +94,8 @@ class CompiledStep:
             raise ValueError(f"engine.compile=true: {type(adapter).__name__} has no compiled path; use engine.compile=false")
         self.adapter, self.max_cache_len, self.backend = adapter, max_cache_len, backend
         self.step_fn = compile_step(step_and_target, backend)
-        self.decode_step: StepFn = adapter.decode_step  # the one bound method the graphs were traced with
+        self.decode_step: StepFn = adapter.decode_step  # the bound methods the graphs were traced with
+        self.body_inputs: EmbedFn = adapter.body_inputs
         self.cache: RaggedCache | None = None
         self.compiled_post: dict[Callable[..., Any], Callable[..., Any]] = {}  # :meth:`compile`'s, one per function
 
@@ -130,14 +139,16 @@ class CompiledStep:
         replays overwrite their output buffers."""
         return self.backend == "inductor" and device.type == "cuda"
 
-    def __call__(self, ids: torch.Tensor, cache: RaggedCache, target: TargetFn | None = None, rows: int = 1
+    def __call__(self, ids: torch.Tensor, cache: RaggedCache, tail: torch.Tensor, anchored: torch.Tensor,
+                 target: TargetFn | None = None, rows: int = 1
                  ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        """The compiled :func:`step_and_target` of the adapter's step on every row of ``cache`` (after
-        ``cache.reserve``; ``rows``: CFG rows per slot). As CUDA graphs (:meth:`captures`) each call is a new
-        step whose outputs are cloned: a replay overwrites its output buffers, so the caller keeps copies. One graph
-        per window length and ``target`` (the engine always passes its own)."""
+        """The compiled :func:`step_and_target` of the adapter's step on the windows ``ids`` of every slot of ``cache``
+        (after ``cache.reserve``; ``rows``: CFG rows per slot; ``tail`` and ``anchored``: the prompts' last inputs and
+        the rows whose window starts with it). As CUDA graphs (:meth:`captures`) each call is a new step whose outputs
+        are cloned: a replay overwrites its output buffers, so the caller keeps copies. One graph per window length
+        and ``target`` (the engine always passes its own)."""
         torch.compiler.cudagraph_mark_step_begin()
-        out = self.step_fn(self.decode_step, target, rows, ids, cache)
+        out = self.step_fn(self.decode_step, self.body_inputs, target, rows, ids, cache, tail, anchored)
         if not self.captures(ids.device):
             return out
         return tuple(None if t is None else t.clone() for t in out)  # type: ignore[return-value]

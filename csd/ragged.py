@@ -5,8 +5,10 @@ entries. :func:`reference_logits` is the no-cache oracle the tests compare it wi
 
 Compiled (``engine.compile=true``, ``csd.fast.CompiledStep``): the decode step is compiled, with the engine's target
 step on its output (``forward(target=...)``), fed ``[B * rows, L]`` or ``[B * rows, 1]`` (the engine pads windows), so
-two graphs in all, on every row of the fixed cache. Position ids, write indices and the mask are computed in the graph
-from the device ``lengths`` (``RaggedCache.reserve`` / ``feed`` / ``advance``); prefill is eager.
+two graphs in all, on every row of the fixed cache. The graph takes the window's ids: their model inputs (the
+adapter's ``body_inputs``, the first windows' prompt anchors: :func:`anchor_inputs`), the position ids, write indices
+and the mask (from the device ``lengths``: ``RaggedCache.reserve`` / ``feed`` / ``advance``) are computed in it;
+prefill is eager.
 """
 
 from __future__ import annotations
@@ -24,8 +26,9 @@ from csd.tree import TreeMask
 
 class FixedStep(Protocol):
     """A decode step compiled for a fixed cache (``csd.fast.CompiledStep``): the cache it gives a batch, emptied, and
-    ``step(inputs, cache, target, rows) -> (logits, q, H(q))`` on every row of it, after ``cache.reserve`` (``q``:
-    ``target`` of the logits, None without it)."""
+    ``step(ids, cache, tail, anchored, target, rows) -> (logits, q, H(q))`` of every slot's window ``ids`` on every
+    row of it, after ``cache.reserve`` (``tail``, ``anchored``: :func:`anchor_inputs`; ``q``: ``target`` of the
+    logits, None without it)."""
 
     def fixed_cache(self, rows: int, prompt_len: int) -> RaggedCache: ...
 
@@ -52,6 +55,8 @@ class SlotBatch:
         self.cache = None if compiled else RaggedCache(decoder.config, slots * self.rows, 0, decoder.dtype, decoder.device)
         #: ``[slots * rows, 1, ...]`` model input of each row's last prompt token (ids or embeddings)
         self.prompt_tail: torch.Tensor | None = None
+        #: compiled: per cache row, its window starts with its prompt's last token (set for that forward only)
+        self.anchored: torch.Tensor | None = None
         #: which slots the last forward advanced
         self.ran = [False] * slots
         #: per cache row: its prompt is empty (its anchor is a placeholder that predicts nothing)
@@ -95,6 +100,7 @@ class SlotBatch:
         tails = torch.stack([row[-1] if n else row.new_zeros(row.shape[1:]) for row, n in zip(inputs, lengths, strict=True)])
         if self.prompt_tail is None:
             self.prompt_tail = tails.new_zeros((self.cache.rows, 1, *tails.shape[1:]))
+            self.anchored = torch.zeros(self.cache.rows, dtype=torch.bool, device=self.cache.device)
             self.no_prompt = [False] * self.cache.rows
         self.prompt_tail[rows] = tails.unsqueeze(1)
         self.no_prompt[rows] = [n == 0 for n in lengths]
@@ -132,41 +138,54 @@ class SlotBatch:
         if shift is not None and self.compiled is not None:
             raise ValueError("shifted position ids run on the eager cache: engine.compile must be false")
         rows = self.rows
-        inputs = self.adapter.body_inputs(ids.to(self.cache.device).repeat_interleave(rows, dim=0))
+        ids = ids.to(self.cache.device)
+        anchored = None
         if any(from_prompt):  # a slot's first window: its anchor is the prompt's last token
-            anchors = to_device(from_prompt, inputs.device, torch.bool).repeat_interleave(rows)
-            anchors = anchors.view(-1, *[1] * (inputs.dim() - 1))
-            inputs[:, :1] = torch.where(anchors, self.prompt_tail, inputs[:, :1])
+            anchored = to_device(from_prompt, self.cache.device, torch.bool).repeat_interleave(rows)
         advance = [a for a in active for _ in range(rows)]
+        self.ran = list(active)
+        if self.compiled is not None and not features:
+            # the compiled step (inputs, positions, mask, target): one graph per window length K (1 or the padded L)
+            if anchored is not None:
+                self.anchored.copy_(anchored)
+            self.cache.reserve(k, advance)
+            logits, q, q_entropy = self.compiled(ids, self.cache, self.prompt_tail, self.anchored, target, rows)
+            self.cache.advance(slice(0, self.cache.rows), k, advance)
+            if anchored is not None:
+                self.anchored.zero_()
+            return self._outputs(logits, None, from_prompt, target, (q, q_entropy))
+        inputs = self.adapter.body_inputs(ids.repeat_interleave(rows, dim=0))
+        if anchored is not None:
+            inputs = anchor_inputs(inputs, self.prompt_tail, anchored)
         if tree is not None:  # a tree's nodes may reach past the body by its siblings: room beyond the reserve
             self.cache.grow(max(self.cache.filled) + k)
         if shift is not None:
             shift = shift.to(self.cache.device).repeat_interleave(rows, dim=0)
         if groups is not None:
             groups = groups.to(self.cache.device).repeat_interleave(rows, dim=0)
-        self.ran = list(active)
+        position_ids, mask = self.cache.extend(slice(0, self.cache.rows), k, advance, tree, shift, groups)
         hidden = None
-        if self.compiled is not None and not features:
-            # the compiled step (positions, mask, target): one graph per window length K (1 or the engine's padded L)
-            self.cache.reserve(k, advance)
-            logits, q, q_entropy = self.compiled(inputs.contiguous(), self.cache, target, rows)
-            self.cache.advance(slice(0, self.cache.rows), k, advance)
+        if features:
+            hidden = self.adapter.features_step(inputs, self.cache, position_ids, mask)
+            logits = self.adapter.head(hidden)
         else:
-            position_ids, mask = self.cache.extend(slice(0, self.cache.rows), k, advance, tree, shift, groups)
-            if features:
-                hidden = self.adapter.features_step(inputs, self.cache, position_ids, mask)
-                logits = self.adapter.head(hidden)
-            else:
-                logits = self.adapter.decode_step(inputs, self.cache, position_ids, mask)
+            logits = self.adapter.decode_step(inputs, self.cache, position_ids, mask)
+        return self._outputs(logits, hidden, from_prompt, target, None)
+
+    def _outputs(self, logits: torch.Tensor, hidden: torch.Tensor | None, from_prompt: Sequence[bool],
+                 target: Callable[[torch.Tensor], torch.Tensor] | None,
+                 folded: tuple[torch.Tensor | None, torch.Tensor | None] | None) -> torch.Tensor | tuple[torch.Tensor, Any]:
+        """:meth:`forward`'s result from the step's ``logits [N, K, V]`` (``hidden``: its features; ``folded``: the
+        compiled step's target and entropy): an empty prompt's placeholder column replaced by the slot's first row's."""
+        slots, rows = self.slots, self.rows
         blind = [first and empty for first, row in zip(from_prompt, range(0, self.cache.rows, rows), strict=True)
                  for empty in self.no_prompt[row : row + rows]]
-        logits = _first_row_where(blind, logits.view(slots, rows, k, -1))
+        logits = _first_row_where(blind, logits.view(slots, rows, logits.shape[1], -1))
         if target is not None:
-            folded = (q, q_entropy) if self.compiled is not None and not any(blind) else None
-            return logits, folded
+            return logits, folded if folded is not None and not any(blind) else None
         if hidden is None:
             return logits
-        return logits, _first_row_where(blind, hidden.view(slots, rows, k, -1))
+        return logits, _first_row_where(blind, hidden.view(slots, rows, hidden.shape[1], -1))
 
     def keep(self, q: int, keep: Sequence[Sequence[int]]) -> None:
         """After a tree forward of ``q`` entries, for each slot it advanced: keep the entries ``keep[b]`` (window
@@ -181,6 +200,13 @@ class SlotBatch:
         if len(n) != self.slots:
             raise ValueError(f"rollback needs one count per slot ({self.slots}), got {len(n)}")
         self.cache.rollback([int(k) * ran for k, ran in zip(n, self.ran, strict=True) for _ in range(self.rows)])
+
+
+def anchor_inputs(inputs: torch.Tensor, tail: torch.Tensor, anchored: torch.Tensor) -> torch.Tensor:
+    """``inputs [N, K, ...]`` with column 0 of each row flagged in ``anchored [N]`` (a slot's first window) replaced by
+    ``tail [N, 1, ...]``, the input of that row's prompt's last token."""
+    anchors = anchored.view(-1, *[1] * (inputs.dim() - 1))
+    return torch.cat([torch.where(anchors, tail, inputs[:, :1]), inputs[:, 1:]], dim=1)
 
 
 def _first_row_where(blind: Sequence[bool], values: torch.Tensor) -> torch.Tensor:
