@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from csd.acceptance import entropy
-from csd.adapters.base import ModelAdapter
+from csd.adapters.base import ModelAdapter, anchor_inputs
 from csd.cache import RaggedCache, default_cache_len
 
 #: ``decode_step(inputs, cache, position_ids, attention_mask) -> logits``
@@ -43,12 +43,11 @@ def step_and_target(step: StepFn, embed: EmbedFn, target: TargetFn | None, rows:
     """One decode step on every row of a fixed cache and, with ``target``, the engine's target step on its output, as
     one function to compile: the model inputs of every slot's window ``ids [N / rows, q]`` (``embed``, the adapter's
     ``body_inputs``, of each CFG row; column 0 of a row flagged in ``anchored [N]`` is its prompt's last token's input
-    ``tail [N, 1, ...]``: :func:`csd.ragged.anchor_inputs`), the step's position ids and mask from the cache's device
-    lengths (``RaggedCache.feed``, after ``RaggedCache.reserve``), raw logits ``[N, q, V_raw]`` (``N`` = slots x
-    ``rows`` CFG rows), ``q = target(raw as [N / rows, rows, q, V_raw])`` for every column and its entropy ``H(q)``
-    (docs/ALGORITHMS.md "The engine loop", steps 1-3); without ``target`` the logits and two Nones."""
-    from csd.ragged import anchor_inputs  # the one definition the eager path uses too
-
+    ``tail [N, 1, ...]``: ``csd.adapters.base.anchor_inputs``, as on the eager path), the step's position ids and
+    mask from the cache's device lengths (``RaggedCache.feed``, after ``RaggedCache.reserve``), raw logits
+    ``[N, q, V_raw]`` (``N`` = slots x ``rows`` CFG rows), ``q = target(raw as [N / rows, rows, q, V_raw])`` for every
+    column and its entropy ``H(q)`` (docs/ALGORITHMS.md "The engine loop", steps 1-3); without ``target`` the logits
+    and two Nones."""
     inputs = anchor_inputs(embed(ids.repeat_interleave(rows, dim=0)), tail, anchored)
     position_ids, attention_mask = cache.feed(ids.shape[1])
     raw = step(inputs, cache, position_ids, attention_mask)

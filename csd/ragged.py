@@ -6,9 +6,9 @@ entries. :func:`reference_logits` is the no-cache oracle the tests compare it wi
 Compiled (``engine.compile=true``, ``csd.fast.CompiledStep``): the decode step is compiled, with the engine's target
 step on its output (``forward(target=...)``), fed ``[B * rows, L]`` or ``[B * rows, 1]`` (the engine pads windows), so
 two graphs in all, on every row of the fixed cache. The graph takes the window's ids: their model inputs (the
-adapter's ``body_inputs``, the first windows' prompt anchors: :func:`anchor_inputs`), the position ids, write indices
-and the mask (from the device ``lengths``: ``RaggedCache.reserve`` / ``feed`` / ``advance``) are computed in it;
-prefill is eager.
+adapter's ``body_inputs``, the first windows' prompt anchors: ``csd.adapters.base.anchor_inputs``), the position
+ids, write indices and the mask (from the device ``lengths``: ``RaggedCache.reserve`` / ``feed`` / ``advance``) are
+computed in it; prefill is eager.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 import torch
 
-from csd.adapters.base import ModelAdapter
+from csd.adapters.base import ModelAdapter, anchor_inputs
 from csd.cache import RaggedCache, default_cache_len
 from csd.device import to_device
 from csd.tree import TreeMask
@@ -27,8 +27,8 @@ from csd.tree import TreeMask
 class FixedStep(Protocol):
     """A decode step compiled for a fixed cache (``csd.fast.CompiledStep``): the cache it gives a batch, emptied, and
     ``step(ids, cache, tail, anchored, target, rows) -> (logits, q, H(q))`` of every slot's window ``ids`` on every
-    row of it, after ``cache.reserve`` (``tail``, ``anchored``: :func:`anchor_inputs`; ``q``: ``target`` of the
-    logits, None without it)."""
+    row of it, after ``cache.reserve`` (``tail``, ``anchored``: ``csd.adapters.base.anchor_inputs``; ``q``:
+    ``target`` of the logits, None without it)."""
 
     def fixed_cache(self, rows: int, prompt_len: int) -> RaggedCache: ...
 
@@ -200,13 +200,6 @@ class SlotBatch:
         if len(n) != self.slots:
             raise ValueError(f"rollback needs one count per slot ({self.slots}), got {len(n)}")
         self.cache.rollback([int(k) * ran for k, ran in zip(n, self.ran, strict=True) for _ in range(self.rows)])
-
-
-def anchor_inputs(inputs: torch.Tensor, tail: torch.Tensor, anchored: torch.Tensor) -> torch.Tensor:
-    """``inputs [N, K, ...]`` with column 0 of each row flagged in ``anchored [N]`` (a slot's first window) replaced by
-    ``tail [N, 1, ...]``, the input of that row's prompt's last token."""
-    anchors = anchored.view(-1, *[1] * (inputs.dim() - 1))
-    return torch.cat([torch.where(anchors, tail, inputs[:, :1]), inputs[:, 1:]], dim=1)
 
 
 def _first_row_where(blind: Sequence[bool], values: torch.Tensor) -> torch.Tensor:

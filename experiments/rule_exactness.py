@@ -10,10 +10,21 @@ preset values and for every real-valued parameter moved (the second must replay 
 run it on CPU (dynamo's trace, inductor's C++ code); the GPU check (``experiments.gpu_check``, part ``rules``) runs it
 with inductor's Triton code on CUDA, where eager PyTorch computes a division by a Python scalar as a multiplication
 by its reciprocal but divides by a tensor.
+
+    python -m experiments.rule_exactness --backend inductor --device cuda
+
+Prints one line per rule class and exits with status 1 when any differs.
 """
 
 from __future__ import annotations
 
+if __spec__ is None:  # run by path: refused in one line naming the `python -m` command (experiments/_entry.py)
+    from _entry import refuse_path_run
+
+    refuse_path_run(__file__)
+
+import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +35,7 @@ from torch._dynamo.utils import counters
 from csd.acceptance import entropy
 from csd.adapters.janus import tiny_janus_adapter
 from csd.compose import build_rule
+from csd.device import resolve_device
 from csd.drafters.chain import judge_windows
 from csd.fast import isolation
 from csd.presets import CONF_DIR, method_config
@@ -84,3 +96,28 @@ def judge_case(method: str, backend: str, device: torch.device, fullgraph: bool 
         unequal += [f"{name}: {out}" for out, g, w in zip(OUTPUTS, got, want, strict=True) if not torch.equal(g, w)]
     return {"equal": not unequal, "unequal": unequal, "graphs": counters["stats"]["unique_graphs"] - before,
             "rejected": rejected, "values": {"preset": rule.param_values(), "moved": moved.param_values()}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m experiments.rule_exactness", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--backend", default="inductor", choices=("inductor", "aot_eager", "eager"),
+                        help="torch.compile backend of the compiled verification")
+    parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
+    parser.add_argument("--methods", nargs="+", default=None, help="conf/method/ presets (default: one per rule class)")
+    args = parser.parse_args(argv)
+    presets = rule_presets()
+    methods = args.methods or presets
+    unknown = sorted(set(methods) - set(presets))
+    if unknown:
+        parser.error(f"--methods: {unknown} name no rule class preset; choose from {', '.join(presets)}")
+    device, failed = resolve_device(args.device), 0
+    for method in methods:
+        result = judge_case(method, args.backend, device, fullgraph=False)
+        failed += not result["equal"]
+        verdict = "equal" if result["equal"] else "DIFFERS: " + ", ".join(result["unequal"])
+        print(f"{method}: {verdict} ({result['graphs']} graph(s); {args.backend} on {device})", flush=True)
+    return int(failed > 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

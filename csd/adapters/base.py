@@ -261,3 +261,10 @@ def checks_weights(check: Callable[..., None]) -> Callable[[L], L]:
         return loader
 
     return register
+
+
+def anchor_inputs(inputs: torch.Tensor, tail: torch.Tensor, anchored: torch.Tensor) -> torch.Tensor:
+    """``inputs [N, K, ...]`` with column 0 of each row flagged in ``anchored [N]`` (a slot's first window) replaced by
+    ``tail [N, 1, ...]``, the input of that row's prompt's last token."""
+    anchors = anchored.view(-1, *[1] * (inputs.dim() - 1))
+    return torch.cat([torch.where(anchors, tail, inputs[:, :1]), inputs[:, 1:]], dim=1)

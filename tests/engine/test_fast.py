@@ -436,6 +436,9 @@ def test_rule_exactness_reports_a_compiled_verification_that_differs(monkeypatch
     monkeypatch.setattr(Parametrized, "with_tensor_params", doubled)
     result = rule_exactness.judge_case("csd", "eager", torch.device("cpu"))
     assert not result["equal"] and "preset: tokens" in result["unequal"] and "moved: tokens" in result["unequal"]
+    assert rule_exactness.main(["--backend", "eager", "--device", "cpu", "--methods", "csd"]) == 1  # the command fails
+    monkeypatch.setattr(Parametrized, "with_tensor_params", passed)
+    assert rule_exactness.main(["--backend", "eager", "--device", "cpu", "--methods", "csd"]) == 0
 
 
 def test_more_verification_graphs_than_dynamo_keeps_run_eagerly():
