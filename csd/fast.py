@@ -65,7 +65,7 @@ def compile_step(step: StepFn, backend: str = "inductor") -> StepFn:
     check that the step compiles without graph breaks or recompilations in seconds.
 
     Guards: every call checks dynamo's guards before it replays a graph. Kept: those on the step's arguments (ids,
-    positions, mask, the cache's buffers and host fields), the global state and the module globals the traced code
+    the prompts' last inputs and anchor flags, the cache's buffers, lengths and host fields), the global state and the module globals the traced code
     reads. Dropped (``torch.compiler.skip_guard_on_all_nn_modules_unsafe``): those on the model's module tree, its
     attributes, hooks, submodules and parameters, one set per decoder layer, whose check cost grows with depth (docs/
     PERFORMANCE.md "Guards"). The model is taken as frozen once compiled: one changed in place afterwards (attributes,
