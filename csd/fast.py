@@ -65,10 +65,10 @@ def compile_step(step: StepFn, backend: str = "inductor") -> StepFn:
     check that the step compiles without graph breaks or recompilations in seconds.
 
     Guards: every call checks dynamo's guards before it replays a graph. Kept: those on the step's arguments (ids,
-    the prompts' last inputs and anchor flags, the cache's buffers, lengths and host fields), the global state and the module globals the traced code
-    reads. Dropped (``torch.compiler.skip_guard_on_all_nn_modules_unsafe``): those on the model's module tree, its
-    attributes, hooks, submodules and parameters, one set per decoder layer, whose check cost grows with depth (docs/
-    PERFORMANCE.md "Guards"). The model is taken as frozen once compiled: one changed in place afterwards (attributes,
+    the prompts' last inputs and anchor flags, the cache's buffers, lengths and host fields), the global state and
+    the module globals the traced code reads. Dropped (``torch.compiler.skip_guard_on_all_nn_modules_unsafe``): those
+    on the model's module tree, its attributes, hooks, submodules and parameters, one set per decoder layer, whose
+    check cost grows with depth (docs/PERFORMANCE.md "Guards"). The model is taken as frozen once compiled: one changed in place afterwards (attributes,
     hooks, layers, a parameter's dtype or device) needs a new :class:`CompiledStep`. ``isolate_recompiles`` keeps each
     call's graphs to itself, so another adapter of the same class, whose module tree those guards would have told
     apart, never replays them. A torch without ``isolate_recompiles`` (:data:`ISOLATES`) keeps every guard.

@@ -149,7 +149,9 @@ class SlotBatch:
             if anchored is not None:
                 self.anchored.copy_(anchored)
             self.cache.reserve(k, advance)
-            logits, q, q_entropy = self.compiled(ids, self.cache, self.prompt_tail, self.anchored, target, rows)
+            # contiguous ids: an expanded (stride-0) window would trace another graph
+            logits, q, q_entropy = self.compiled(ids.contiguous(), self.cache, self.prompt_tail, self.anchored, target,
+                                                 rows)
             self.cache.advance(slice(0, self.cache.rows), k, advance)
             if anchored is not None:
                 self.anchored.zero_()
