@@ -68,9 +68,10 @@ def judge_case(method: str, backend: str, device: torch.device, fullgraph: bool 
     (inputs drawn on the CPU, seed 0, then moved); then the same for the rule with every real-valued parameter moved
     inside its allowed range, replaying the first graph (``fail_on_recompile``: a recompilation raises).
 
-    Returns ``equal`` (every output bit for bit, both rules), ``unequal`` (``"<rule>: <output>"`` for each output that
-    differs: ``preset`` or ``moved``), ``graphs`` (graphs dynamo compiled, 1 when the moved rule replayed the first) and
-    ``rejected`` (a window was rejected, so the residual's sample was judged too)."""
+    Returns ``equal`` (every output bit for bit, both rules, from one compiled graph), ``unequal`` (``"<rule>:
+    <output>"`` for each output that differs: ``preset`` or ``moved``; ``graphs: N`` when dynamo did not compile exactly
+    one graph: 0 means the "compiled" function ran eagerly and compared nothing), ``graphs`` and ``rejected`` (a window
+    was rejected, so the residual's sample was judged too)."""
     gen = torch.Generator().manual_seed(0)
     target = torch.softmax(3 * torch.randn((WINDOWS, ROWS, CODES), generator=gen), -1)
     draft_probs = torch.softmax(3 * torch.randn((WINDOWS, ROWS - 1, CODES), generator=gen), -1)
@@ -94,8 +95,11 @@ def judge_case(method: str, backend: str, device: torch.device, fullgraph: bool 
         with torch.compiler.set_stance("fail_on_recompile" if case is moved else "default"):
             got = compiled(case.with_tensor_params(device), *args)
         unequal += [f"{name}: {out}" for out, g, w in zip(OUTPUTS, got, want, strict=True) if not torch.equal(g, w)]
-    return {"equal": not unequal, "unequal": unequal, "graphs": counters["stats"]["unique_graphs"] - before,
-            "rejected": rejected, "values": {"preset": rule.param_values(), "moved": moved.param_values()}}
+    graphs = counters["stats"]["unique_graphs"] - before
+    if graphs != 1:  # 0: dynamo ran it eagerly (past its recompile limit on a torch without isolate_recompiles)
+        unequal.append(f"graphs: {graphs}, not 1 (compiled once, replayed for the moved values)")
+    return {"equal": not unequal, "unequal": unequal, "graphs": graphs, "rejected": rejected,
+            "values": {"preset": rule.param_values(), "moved": moved.param_values()}}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -441,6 +441,15 @@ def test_rule_exactness_reports_a_compiled_verification_that_differs(monkeypatch
     assert rule_exactness.main(["--backend", "eager", "--device", "cpu", "--methods", "csd"]) == 0
 
 
+def test_rule_exactness_refuses_a_verification_dynamo_ran_eagerly():
+    """Negative control: past dynamo's recompile limit the "compiled" verification runs eagerly (what a torch without
+    ``isolate_recompiles`` does once other graphs of ``judge_windows`` filled the limit, e.g. late in the GPU check),
+    so eager equals eager and compares nothing: the check reports it instead of passing."""
+    with torch._dynamo.config.patch(recompile_limit=0):
+        result = rule_exactness.judge_case("csd", "eager", torch.device("cpu"), fullgraph=False)
+    assert not result["equal"] and result["graphs"] == 0 and result["unequal"][-1].startswith("graphs: 0")
+
+
 def test_more_verification_graphs_than_dynamo_keeps_run_eagerly():
     """One process may verify under ``engine.compile`` with more rules and batch shapes than dynamo keeps graphs of
     one function (its recompile limit, 8): a Hydra sweep on the basic launcher runs every job in one process. The
