@@ -10,6 +10,9 @@ stages wrote to ``--out`` (default ``csd/toy/assets``). The LM trains in ``--pha
 own warm-up and cosine decay, continuing the previous one); ``--init-lm DIR`` continues a checkpoint
 (its phases are appended to the loss log, or start one); ``--save-every N`` snapshots the LM and the training state,
 which ``--resume`` continues exactly where it stopped (model, optimiser, schedule, data stream, loss log).
+The evaluation writes ``metrics.json`` into ``--out`` and a grid of samples: the committed
+``results/toy_samples_ar.png`` (``results/toy_textured_samples_ar.png``) when ``--out`` is the style's shipped
+directory, else ``samples_ar.png`` in ``--out``, so a candidate's evaluation leaves the shipped model's grid alone.
 
 ``--style textured`` trains on the textured domain (``csd.toy.domain.STYLES``); the second embedded model,
 ``model=toy_textured``, is the shipped LM continued on it (csd/toy/MODEL_CARD.md)::
@@ -40,7 +43,7 @@ import torch
 import torch.nn.functional as F
 
 from csd.adapters.toy import DEFAULT_GUIDANCE
-from csd.toy import ASSETS, TOKENIZER_FILE
+from csd.toy import ASSETS, TEXTURED_DIR, TOKENIZER_FILE
 from csd.toy.domain import SCENE_KIND_PROBS, STYLES, render_batch, sample_spec, training_stream
 from csd.toy.model import IMAGE_TOKENS, ROPE_THETA, toy_lm_config
 from csd.toy.tokenizer import PatchTokenizer
@@ -360,9 +363,18 @@ def evaluate(args: argparse.Namespace, tokenizer: PatchTokenizer) -> None:
     print(f"[eval] guidance {args.guidance}: AR pass rate {np.mean(per_seed):.3f} per seed {per_seed}; "
           f"all-seeds-distinct {distinct:.2f}; CLIP score {matched:.1f} (shuffled {shuffled:.1f}); "
           f"passed by caption kind {metrics['ar_passed_by_caption_kind']}", flush=True)
-    grid = "toy_samples_ar.png" if args.style == "clean" else f"toy_{args.style}_samples_ar.png"
-    save_grid(samples_arr[:8], captions[:8], REPO / "results" / grid)
+    save_grid(samples_arr[:8], captions[:8], sample_grid_path(args.out, args.style))
     (args.out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+
+
+def sample_grid_path(out: Path, style: str) -> Path:
+    """Where the evaluation's sample grid goes: the committed one under results/ when ``out`` is the style's shipped
+    assets directory (csd/toy/MODEL_CARD.md shows it), else ``out/samples_ar.png`` beside that evaluation's metrics,
+    so evaluating a candidate checkpoint never overwrites the shipped model's grid."""
+    shipped = TEXTURED_DIR if style == "textured" else ASSETS
+    if out.resolve() != shipped.resolve():
+        return out / "samples_ar.png"
+    return REPO / "results" / ("toy_samples_ar.png" if style == "clean" else f"toy_{style}_samples_ar.png")
 
 
 def parse_args() -> argparse.Namespace:

@@ -271,3 +271,35 @@ def test_the_textured_model_drafts_with_its_own_eagle_head() -> None:
         return sum(len(r.tokens) for r in runs) / sum(r.nfe for r in runs)
 
     assert compression(None) > 3.0 > 2.5 > compression(str(EAGLE_HEAD_FILE))  # None: the adapter's eagle_head
+
+
+def test_an_evaluation_outside_the_shipped_assets_writes_its_sample_grid_beside_its_metrics(monkeypatch,
+                                                                                            tmp_path) -> None:
+    """``--stages eval`` of a checkpoint trained elsewhere (a candidate's ``--out``) writes its sample grid into that
+    directory, next to its metrics.json, and leaves the repository's results/ alone: only the shipped assets'
+    evaluation (``--out`` = the style's shipped directory) refreshes the grid committed under results/."""
+    import shutil
+
+    from csd.toy import LM_DIR
+    from experiments import train_toy
+
+    repo = tmp_path / "repo"
+    (repo / "results").mkdir(parents=True)
+    monkeypatch.setattr(train_toy, "REPO", repo)
+    out = tmp_path / "candidate"
+    shutil.copytree(LM_DIR, out / "lm")
+    monkeypatch.setattr(sys, "argv", [
+        "train_toy", "--stages", "eval", "--style", "textured", "--out", str(out), "--eval-prompts", "2",
+        "--eval-seeds", "1", "--guidance-sweep", "--threads", "1"])
+    threads = torch.get_num_threads()
+    try:
+        train_toy.main()
+    finally:
+        torch.set_num_threads(threads)
+    assert (out / "metrics.json").exists() and (out / "samples_ar.png").exists()
+    assert list((repo / "results").iterdir()) == []
+    from csd.toy import ASSETS, TEXTURED_DIR
+
+    assert train_toy.sample_grid_path(TEXTURED_DIR, "textured") == repo / "results" / "toy_textured_samples_ar.png"
+    assert train_toy.sample_grid_path(ASSETS, "clean") == repo / "results" / "toy_samples_ar.png"
+    assert train_toy.sample_grid_path(ASSETS, "textured") == ASSETS / "samples_ar.png"
