@@ -10,9 +10,10 @@ stages wrote to ``--out`` (default ``csd/toy/assets``). The LM trains in ``--pha
 own warm-up and cosine decay, continuing the previous one); ``--init-lm DIR`` continues a checkpoint
 (its phases are appended to the loss log, or start one); ``--save-every N`` snapshots the LM and the training state,
 which ``--resume`` continues exactly where it stopped (model, optimiser, schedule, data stream, loss log).
-The evaluation writes ``metrics.json`` into ``--out`` and a grid of samples: the committed
-``results/toy_samples_ar.png`` (``results/toy_textured_samples_ar.png``) when ``--out`` is the style's shipped
-directory, else ``samples_ar.png`` in ``--out``, so a candidate's evaluation leaves the shipped model's grid alone.
+The evaluation writes ``metrics.json`` into ``--out`` and a grid of samples. The grid and the loss log (unless
+``--log`` names one) are the committed ``results/toy_samples_ar.png`` and ``results/toy_training_log.csv``
+(``results/toy_textured_...`` for the textured style) when ``--out`` is the style's shipped directory, else
+``samples_ar.png`` and ``training_log.csv`` in ``--out``: a candidate leaves the shipped model's files alone.
 
 ``--style textured`` trains on the textured domain (``csd.toy.domain.STYLES``); the second embedded model,
 ``model=toy_textured``, is the shipped LM continued on it (csd/toy/MODEL_CARD.md)::
@@ -367,14 +368,19 @@ def evaluate(args: argparse.Namespace, tokenizer: PatchTokenizer) -> None:
     (args.out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
 
 
-def sample_grid_path(out: Path, style: str) -> Path:
-    """Where the evaluation's sample grid goes: the committed one under results/ when ``out`` is the style's shipped
-    assets directory (csd/toy/MODEL_CARD.md shows it), else ``out/samples_ar.png`` beside that evaluation's metrics,
-    so evaluating a candidate checkpoint never overwrites the shipped model's grid."""
+def _committed(out: Path, style: str, name: str, own: str) -> Path:
+    """``results/toy_<name>`` (``toy_<style>_<name>`` for a style other than clean), the file committed for the
+    shipped model, when ``out`` is the style's shipped assets directory; else ``out/<own>``, so a candidate trained
+    or evaluated elsewhere never overwrites or appends to the shipped model's files."""
     shipped = TEXTURED_DIR if style == "textured" else ASSETS
     if out.resolve() != shipped.resolve():
-        return out / "samples_ar.png"
-    return REPO / "results" / ("toy_samples_ar.png" if style == "clean" else f"toy_{style}_samples_ar.png")
+        return out / own
+    return REPO / "results" / (f"toy_{name}" if style == "clean" else f"toy_{style}_{name}")
+
+
+def sample_grid_path(out: Path, style: str) -> Path:
+    """Where the evaluation's sample grid goes (csd/toy/MODEL_CARD.md shows the committed ones): :func:`_committed`."""
+    return _committed(out, style, "samples_ar.png", "samples_ar.png")
 
 
 def parse_args() -> argparse.Namespace:
@@ -385,7 +391,10 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=ASSETS)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--device", default="cpu", help="device of the LM stage (e.g. cuda); the other stages run on the CPU")
-    p.add_argument("--log", type=Path, default=REPO / "results" / "toy_training_log.csv", help="LM loss log (CSV)")
+    p.add_argument("--log", type=Path, default=None,
+                   help="LM loss log (CSV); default: the committed results/toy_training_log.csv "
+                        "(results/toy_textured_training_log.csv) when --out is the style's shipped directory, "
+                        "else --out/training_log.csv")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--codebook", type=int, default=256)
     p.add_argument("--tokenizer-images", type=int, default=3000)
@@ -417,6 +426,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--save-every", type=int, default=0, help="also save the LM every N steps of a phase (0: at the end)")
     args = p.parse_args()
+    if args.log is None:
+        args.log = _committed(args.out, args.style, "training_log.csv", "training_log.csv")
     for spec in args.phases.split(","):  # reject a bad phase before any training
         try:
             parse_phase(spec)

@@ -303,3 +303,22 @@ def test_an_evaluation_outside_the_shipped_assets_writes_its_sample_grid_beside_
     assert train_toy.sample_grid_path(TEXTURED_DIR, "textured") == repo / "results" / "toy_textured_samples_ar.png"
     assert train_toy.sample_grid_path(ASSETS, "clean") == repo / "results" / "toy_samples_ar.png"
     assert train_toy.sample_grid_path(ASSETS, "textured") == ASSETS / "samples_ar.png"
+
+
+def test_a_training_outside_the_shipped_assets_logs_its_losses_beside_its_checkpoint(monkeypatch, tmp_path) -> None:
+    """Without ``--log``, a run whose ``--out`` is not the style's shipped directory logs into ``--out`` (a candidate
+    never appends to the committed loss log); the shipped directories keep their committed logs."""
+    from csd.toy import ASSETS, TEXTURED_DIR
+    from experiments import train_toy
+
+    def log_of(*argv: str) -> object:
+        monkeypatch.setattr(sys, "argv", ["train_toy", *argv])
+        return train_toy.parse_args().log
+
+    results = train_toy.REPO / "results"
+    assert log_of("--out", str(tmp_path), "--style", "textured") == tmp_path / "training_log.csv"
+    assert log_of("--out", str(tmp_path)) == tmp_path / "training_log.csv"
+    assert log_of() == results / "toy_training_log.csv"
+    assert log_of("--out", str(ASSETS)) == results / "toy_training_log.csv"
+    assert log_of("--out", str(TEXTURED_DIR), "--style", "textured") == results / "toy_textured_training_log.csv"
+    assert log_of("--out", str(tmp_path), "--log", str(tmp_path / "x.csv")) == tmp_path / "x.csv"
