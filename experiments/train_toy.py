@@ -368,19 +368,19 @@ def evaluate(args: argparse.Namespace, tokenizer: PatchTokenizer) -> None:
     (args.out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
 
 
-def _committed(out: Path, style: str, name: str, own: str) -> Path:
+def _committed(out: Path, style: str, name: str) -> Path:
     """``results/toy_<name>`` (``toy_<style>_<name>`` for a style other than clean), the file committed for the
-    shipped model, when ``out`` is the style's shipped assets directory; else ``out/<own>``, so a candidate trained
+    shipped model, when ``out`` is the style's shipped assets directory; else ``out/<name>``, so a candidate trained
     or evaluated elsewhere never overwrites or appends to the shipped model's files."""
     shipped = TEXTURED_DIR if style == "textured" else ASSETS
     if out.resolve() != shipped.resolve():
-        return out / own
+        return out / name
     return REPO / "results" / (f"toy_{name}" if style == "clean" else f"toy_{style}_{name}")
 
 
 def sample_grid_path(out: Path, style: str) -> Path:
     """Where the evaluation's sample grid goes (csd/toy/MODEL_CARD.md shows the committed ones): :func:`_committed`."""
-    return _committed(out, style, "samples_ar.png", "samples_ar.png")
+    return _committed(out, style, "samples_ar.png")
 
 
 def parse_args() -> argparse.Namespace:
@@ -427,7 +427,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--save-every", type=int, default=0, help="also save the LM every N steps of a phase (0: at the end)")
     args = p.parse_args()
     if args.log is None:
-        args.log = _committed(args.out, args.style, "training_log.csv", "training_log.csv")
+        args.log = _committed(args.out, args.style, "training_log.csv")
     for spec in args.phases.split(","):  # reject a bad phase before any training
         try:
             parse_phase(spec)
