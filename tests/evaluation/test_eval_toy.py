@@ -109,3 +109,39 @@ def test_real_toy_references_pass_the_checker(tmp_path: Path) -> None:
     assert result["metrics"]["scene_acc_overall"] >= 5 / 6
     regions = result["content"]["regions"]
     assert sum(r["positions"] for r in regions.values()) == 6 * 256 and regions["object"]["positions"] > 0
+
+
+def test_toy_reference_cache_keys_the_scenes_and_the_feature_weights(tmp_path: Path, fake_toy: None,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cached reference statistics are reused only for the same rendered scenes and the same toy-CLIP weights: a
+    renderer whose law changed under the same name, or a retrained toy-CLIP, recomputes them (stale statistics would
+    otherwise give a silently wrong FID)."""
+    run = make_run(tmp_path / "ar", method="ar", n_images=4, metas=SCENES, images=[generated(i) for i in range(4)])
+    cfg = eval_cfg(tmp_path, **{"eval.toy.render": "tests.evaluation.test_eval_toy.render_scene"})
+
+    def cached() -> bool:
+        return evaluate_run(run, cfg)["protocol"]["fid"]["reference_cached"]
+
+    assert not cached() and cached()  # filled, then reused
+    module = __import__("sys").modules[__name__]
+    original = module.render_scene
+
+    def other_law(prompt: Prompt) -> tuple[np.ndarray, np.ndarray]:
+        image, layout = original(prompt)
+        return np.where(layout[..., None] > 0, image, image + 7).astype(np.uint8), layout
+
+    monkeypatch.setattr(module, "render_scene", other_law)
+    assert not cached() and cached()  # same renderer name, other scenes
+    monkeypatch.setattr(module, "render_scene", original)
+    assert cached()  # the original scenes' entry is still there
+    clip = __import__("sys").modules["csd.toy.clip"]
+    load = clip.load_toy_clip
+
+    def retrained(device: torch.device):
+        model, preprocess, tokenizer = load(device)
+        with torch.no_grad():
+            next(model.parameters()).add_(0.01)
+        return model, preprocess, tokenizer
+
+    monkeypatch.setattr(clip, "load_toy_clip", retrained)
+    assert not cached() and cached()  # same name "toy-clip", other weights
