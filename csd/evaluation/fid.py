@@ -57,6 +57,17 @@ def cache_key(parts: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:20]
 
 
+def module_digest(module: nn.Module) -> str:
+    """sha256 of a feature network's weights (every parameter and buffer: name, dtype, shape, bytes), for the
+    reference cache's key: a network retrained under the same name must not reuse the old network's statistics."""
+    h = hashlib.sha256()
+    for name, tensor in sorted(module.state_dict().items()):
+        t = tensor.detach().cpu().contiguous()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
 def load_reference(
     metric: FrechetInceptionDistance,
     key_parts: dict[str, Any],

@@ -29,7 +29,14 @@ from csd.evaluation.clip_score import (
 )
 from csd.evaluation.context import EvalContext, MetricOutput, NotApplicable
 from csd.evaluation.dpg_score import check_vqa
-from csd.evaluation.fid import generated_fid, inception_fid, load_reference, load_reference_stats, module_fid
+from csd.evaluation.fid import (
+    generated_fid,
+    inception_fid,
+    load_reference,
+    load_reference_stats,
+    module_digest,
+    module_fid,
+)
 from csd.evaluation.fid_interval import FeatureRecorder, fid_interval, jackknife_interval
 from csd.evaluation.geneval_score import check_geneval_files
 from csd.evaluation.images import Preprocess, file_batches, list_images
@@ -204,9 +211,11 @@ def _torchmetrics_fid(ctx: EvalContext) -> MetricOutput:
     pre = Preprocess(f.transforms)
     stats = None if ctx.is_toy else f.get("reference_stats")
     if ctx.is_toy:
-        metric = module_fid(ClipImageFeatures(toy.load_toy_clip_model(ctx.device)))
+        network = ClipImageFeatures(toy.load_toy_clip_model(ctx.device))
+        metric = module_fid(network)
         key, ref_batches = toy.rendered_reference(ctx.records, ctx.eval.toy.render, ctx.eval.batch_size)
         features = "toy-clip"
+        key = {**key, "feature_weights": module_digest(network)}
     elif stats:
         metric, features = inception_fid(f.feature, f.inception_weights), f"inception-v3-torch-fidelity/{f.feature}"
     else:

@@ -7,6 +7,7 @@ the caption is used when the record has no spec.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -92,20 +93,28 @@ def rendered_reference(
     """Real toy scenes for the run's prompts, one per record, by the dotted function ``render(Prompt)``.
 
     ``render`` returns a uint8 ``[H, W, 3]`` image or a tuple starting with one (the toy's
-    ``heldout_scene`` gives ``(image, layout)``). Returns the reference's cache-key description
-    and a batch factory (called on a cache miss).
+    ``heldout_scene`` gives ``(image, layout)``). Returns the reference's cache-key description (the
+    renderer's name, the prompts and a sha256 of the rendered scenes, so a changed scene law under the
+    same name misses the cache) and a batch factory (called on a cache miss).
     """
     prompts = [Prompt(r["prompt_id"], r["prompt"], r["meta"]) for r in records]
     render_fn = get_method(render)
 
-    def image(prompt: Prompt) -> torch.Tensor:
+    def image(prompt: Prompt) -> np.ndarray:
         out = render_fn(prompt)
-        return to_tensor(np.asarray(out[0] if isinstance(out, tuple) else out, dtype=np.uint8))
+        return np.ascontiguousarray(np.asarray(out[0] if isinstance(out, tuple) else out, dtype=np.uint8))
+
+    images = [image(p) for p in prompts]  # toy scenes are small and cheap: rendered once, digested and batched
+    digest = hashlib.sha256()
+    for im in images:
+        digest.update(f"{im.shape}".encode())
+        digest.update(im.tobytes())
 
     def batches() -> Iterator[torch.Tensor]:
-        return uint8_batches((image(p) for p in prompts), batch_size)
+        return uint8_batches((to_tensor(im) for im in images), batch_size)
 
-    return {"render": render, "prompts": [(p.prompt_id, p.text, p.meta) for p in prompts]}, batches
+    return {"render": render, "prompts": [(p.prompt_id, p.text, p.meta) for p in prompts],
+            "scenes_sha256": digest.hexdigest()}, batches
 
 
 def region_acceptance(records: Sequence[dict[str, Any]], images: Sequence[Image.Image], scene_key: str | None
