@@ -6,10 +6,11 @@ ground-truth per-pixel object map too. Everything is deterministic given a ``num
 the training stream (:func:`training_stream`) and the held-out prompts (:func:`heldout_prompts`) are
 reproducible.
 
-Two styles share captions, objects and the scene checker: ``clean`` (the embedded toy's) and ``textured``
+Three styles share captions, objects and the scene checker: ``clean`` (the embedded toy's), ``textured``
 (``model=toy_textured``), whose background cells are each drawn at random from the tokenizer's neutral patch
 codes around the clean pattern (:func:`texture_law`): free where the caption leaves the image free, decided
-where it asks for an object.
+where it asks for an object; and ``textured_outline``, the textured style whose objects' outlines are jittered
+too (:func:`_outline`; a candidate for the textured toy, csd/toy/MODEL_CARD.md).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from functools import lru_cache
 from typing import Any
 
 import numpy as np
+from scipy import ndimage
 
 from csd.errors import ConfigError
 from csd.prompts import Prompt
@@ -57,7 +59,9 @@ RELATION_MARGIN = 4
 #: joined by "and" (the held-out prompts use these; training may reweight them, ``experiments/train_toy.py``)
 SCENE_KIND_PROBS = (0.3, 0.25, 0.35, 0.1)
 HELDOUT_SEED = 20260611
-STYLES = ("clean", "textured")
+STYLES = ("clean", "textured", "textured_outline")
+#: probability that a pixel of an object's outline band flips between object and background (``textured_outline``)
+OUTLINE_FLIP = 0.5
 #: Boltzmann temperature (grey levels, RMS over a 2x2 patch) of the textured style's background cells, per
 #: background: noise and checks take the most (toy-CLIP keeps reading them as such), plain the least; chosen for a
 #: mean cell entropy near 0.3 of log V at the smallest loss of toy-CLIP score (docs/RESULTS.md, "A second toy")
@@ -262,6 +266,24 @@ def _shape_mask(shape: str, x: int, y: int, s: int) -> np.ndarray:
     return inside_box & (np.abs(px - cx) <= (py - y) / 2)
 
 
+def _outline(mask: np.ndarray, x: int, y: int, s: int, rng: np.random.Generator) -> np.ndarray:
+    """The ``textured_outline`` style's object ``mask`` with a jittered outline: each pixel of its one-pixel band (the
+    4-neighbour dilation minus the erosion) that lies strictly inside the box ``[x, x+s) x [y, y+s)`` flips between
+    object and background with probability :data:`OUTLINE_FLIP` (one uniform per band pixel, raster order). The box's
+    own rows and columns never flip, so the shape keeps every pixel it has on its box's edge (a circle's four sides,
+    a triangle's base and sides: its extent, which the checker's fill ratio divides by, moves only where an
+    even-sized triangle's apex row lies inside the box), and a square, whose band lies on or outside its box, stays
+    exact."""
+    cross = ndimage.generate_binary_structure(2, 1)
+    band = ndimage.binary_dilation(mask, cross) & ~ndimage.binary_erosion(mask, cross)
+    inner = np.zeros_like(mask)
+    inner[y + 1:y + s - 1, x + 1:x + s - 1] = True
+    band &= inner
+    flip = np.zeros_like(mask)
+    flip[band] = rng.random(int(band.sum())) < OUTLINE_FLIP
+    return mask ^ flip
+
+
 def _place(spec: SceneSpec, rng: np.random.Generator) -> list[tuple[int, int, int]]:
     """Random non-touching boxes ``(x, y, size)``, one per object, satisfying the relation."""
     group_of = [gi for gi, g in enumerate(spec.groups) for _ in range(g.count)]
@@ -300,12 +322,14 @@ def render_scene(spec: SceneSpec, rng: np.random.Generator, style: str = "clean"
     if style not in STYLES:
         raise ValueError(f"style={style!r}: the toy domain has styles {', '.join(STYLES)}")
     image = _background(spec.background, rng)
-    if style == "textured":
+    if style != "clean":
         image = _texture(image, spec.background, rng)
     layout = np.zeros((IMAGE_SIZE, IMAGE_SIZE), dtype=np.int64)
     objects = [g for g in spec.groups for _ in range(g.count)]
     for k, (group, (x, y, s)) in enumerate(zip(objects, _place(spec, rng), strict=True), start=1):
         mask = _shape_mask(group.shape, x, y, s)
+        if style == "textured_outline":
+            mask = _outline(mask, x, y, s, rng)
         image[mask] = COLOURS[group.colour]
         layout[mask] = k
     return np.clip(np.round(image), 0, 255).astype(np.uint8), layout
@@ -346,6 +370,12 @@ def heldout_scene(prompt: Prompt, style: str = "clean") -> tuple[np.ndarray, np.
 def heldout_scene_textured(prompt: Prompt) -> tuple[np.ndarray, np.ndarray]:
     """:func:`heldout_scene` in the textured style: ``model=toy_textured``'s FID reference (``eval.toy.render``)."""
     return heldout_scene(prompt, "textured")
+
+
+def heldout_scene_textured_outline(prompt: Prompt) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`heldout_scene` in the ``textured_outline`` style: the outline candidate's FID reference
+    (``model.reference_render``)."""
+    return heldout_scene(prompt, "textured_outline")
 
 
 def toy_prompts(n_prompts: int | None = None, split: str = "heldout") -> list[Prompt]:

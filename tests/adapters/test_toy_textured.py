@@ -1,4 +1,5 @@
-"""The textured style of the toy domain (model=toy_textured's data) and train_toy.py's resumable training."""
+"""The textured styles of the toy domain (model=toy_textured's data, the outline candidate's) and train_toy.py's
+resumable training."""
 
 from __future__ import annotations
 
@@ -15,10 +16,12 @@ from csd.toy.domain import (
     SceneSpec,
     _background,
     _cells,
+    _place,
     _texture,
     heldout_prompts,
     heldout_scene,
     heldout_scene_textured,
+    heldout_scene_textured_outline,
     neutral_patterns,
     render_scene,
     texture_law,
@@ -108,8 +111,47 @@ def test_textured_body_entropy_is_near_three_tenths_of_log_v() -> None:
 
 def test_unknown_style_is_refused_in_one_line() -> None:
     spec = SceneSpec.from_meta(heldout_prompts(1)[0].meta)
-    with pytest.raises(ValueError, match=r"style='wavy': the toy domain has styles clean, textured"):
+    with pytest.raises(ValueError, match=r"style='wavy': the toy domain has styles clean, textured, textured_outline$"):
         render_scene(spec, np.random.default_rng(0), "wavy")
+
+
+def test_outline_style_flips_half_the_band_strictly_inside_each_box() -> None:
+    """``textured_outline`` draws the textured scene (same background, texture and boxes: its draws come after the
+    placement) and then flips, with probability 1/2, each pixel of an object's one-pixel band (4-neighbour dilation
+    minus erosion) strictly inside its box: nothing else changes, squares stay exact, the flipped share is 1/2
+    (within 4 standard errors), and the scene checker still passes."""
+    from scipy import ndimage
+
+    cross = ndimage.generate_binary_structure(2, 1)
+    band_pixels = flipped = 0
+    passed = []
+    for p in heldout_prompts(200):
+        image, layout = heldout_scene_textured_outline(p)
+        base_image, base_layout = heldout_scene_textured(p)
+        spec = SceneSpec.from_meta(p.meta)
+        rng = np.random.default_rng(p.meta["render_seed"])  # render_scene's draws up to the placement
+        _texture(_background(spec.background, rng), spec.background, rng)
+        boxes = _place(spec, rng)
+        shapes = [g.shape for g in spec.groups for _ in range(g.count)]
+        allowed = np.zeros_like(layout, dtype=bool)
+        for k, (shape, (x, y, size)) in enumerate(zip(shapes, boxes, strict=True), start=1):
+            obj = base_layout == k
+            band = ndimage.binary_dilation(obj, cross) & ~ndimage.binary_erosion(obj, cross)
+            inner = np.zeros_like(obj)
+            inner[y + 1:y + size - 1, x + 1:x + size - 1] = True
+            band &= inner
+            if shape == "square":
+                assert not band.any()
+            changed = (layout == k) != obj
+            assert not (changed & ~band).any()  # only the band strictly inside the box flips
+            band_pixels += int(band.sum())
+            flipped += int(changed.sum())
+            allowed |= band
+        assert np.array_equal(image[~allowed], base_image[~allowed])
+        passed.append(check_image(image, p.meta)["overall"])
+    share = flipped / band_pixels
+    assert abs(share - 0.5) < 4 * np.sqrt(0.25 / band_pixels)
+    assert np.mean(passed) >= 0.97
 
 
 def _train(monkeypatch, tmp_path, *extra: str) -> None:
