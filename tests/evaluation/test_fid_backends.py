@@ -250,3 +250,25 @@ def test_a_backend_without_weights_is_skipped_alone(stand_ins: dict[str, Any], t
     eval_cfg.fid.backends = ["pytorch-fid"]
     with pytest.raises(MissingWeightsError, match="pytorch-fid needs"):
         fid_metric(ctx)
+
+
+def test_reference_cache_misses_when_a_reference_file_changes_at_the_same_size(stand_ins: dict[str, Any],
+                                                                               tmp_path: Path) -> None:
+    """The reference statistics are keyed by the files' contents, not their paths and sizes: a reference image
+    replaced by another of the same size (BMP: size fixed by the dimensions) recomputes them; unchanged files reuse
+    them."""
+    ctx = fid_context(tmp_path, 12, backends=["pytorch-fid"], weights_dir=stand_ins["dir"])
+    ref = Path(ctx.eval.fid.reference_dir)
+    for png in sorted(ref.glob("*.png")):
+        Image.open(png).save(png.with_suffix(".bmp"))
+        png.unlink()
+    from csd.evaluation.metrics import fid_metric
+
+    def cached() -> bool:
+        return fid_metric(ctx).protocol["fid_pytorch"]["reference_cached"]
+
+    assert not cached() and cached()
+    size = (ref / "00.bmp").stat().st_size
+    pictures(1, 99)[0].save(ref / "00.bmp")
+    assert (ref / "00.bmp").stat().st_size == size
+    assert not cached() and cached()
