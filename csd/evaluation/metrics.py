@@ -6,6 +6,7 @@ CLIP, toy-CLIP-feature FID against rendered scenes, and the scene checker.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 from collections.abc import Sequence
@@ -169,6 +170,16 @@ def fid_metric(ctx: EvalContext) -> MetricOutput:
     return out
 
 
+def reference_files_key(files: Sequence[Path]) -> list[tuple[str, str]]:
+    """The reference images' part of a FID cache key: each file's resolved path and sha256, so a file replaced under
+    the same path (even at the same size) recomputes the statistics instead of reusing stale ones."""
+    out = []
+    for p in files:
+        with p.open("rb") as fh:
+            out.append((str(p.resolve()), hashlib.file_digest(fh, "sha256").hexdigest()))
+    return out
+
+
 def _reference_files(ctx: EvalContext) -> list[Path]:
     return _paired_files(ctx, reference_dir(ctx.eval, ctx.run_config, ctx.info.get("dataset")))
 
@@ -187,8 +198,7 @@ def _package_fid(ctx: EvalContext, name: str) -> MetricOutput:
             ref_mu, ref_sigma = ref["mu"], ref["sigma"]
         cached, reference = None, {"reference_stats": str(stats)}
     else:
-        key = {"files": [(str(p.resolve()), p.stat().st_size) for p in files], "transforms": pre.describe(),
-               "features": backend.features}
+        key = {"files": reference_files_key(files), "transforms": pre.describe(), "features": backend.features}
         ref_mu, ref_sigma, n_ref, cached = fid_backends.reference_stats(
             backend, key, lambda: backend.extract(files, pre, ctx.eval.batch_size, ctx.device), f.cache_dir)
         reference = {"n_reference": n_ref}
@@ -220,7 +230,7 @@ def _torchmetrics_fid(ctx: EvalContext) -> MetricOutput:
         metric, features = inception_fid(f.feature, f.inception_weights), f"inception-v3-torch-fidelity/{f.feature}"
     else:
         files = _reference_files(ctx)
-        key = {"files": [(str(p.resolve()), p.stat().st_size) for p in files]}
+        key = {"files": reference_files_key(files)}
 
         def ref_batches():
             return file_batches(files, pre, ctx.eval.batch_size)
