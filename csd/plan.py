@@ -253,7 +253,7 @@ FLAN_T5_XL = dict(vocab_size=32128, d_model=2048, d_kv=64, d_ff=5120, num_layers
 #: the loader function named by a model config's ``_target_`` -> how its shape is read
 FAMILIES = {
     "load_toy_adapter": toy_shape, "load_toy_draft_adapter": toy_shape,
-    "load_toy_textured_adapter": toy_shape,  # the toy LM continued: the toy's shape
+    "load_toy_textured_adapter": toy_shape, "load_toy_textured_outline_adapter": toy_shape,  # the toy LM continued
     "tiny_janus_adapter": janus_shape, "load_janus_adapter": janus_shape,
     "tiny_lumina_adapter": lumina_shape, "load_lumina_adapter": lumina_shape,
     "tiny_emu3_adapter": emu3_shape, "load_emu3_adapter": emu3_shape,

@@ -44,7 +44,7 @@ import torch
 import torch.nn.functional as F
 
 from csd.adapters.toy import DEFAULT_GUIDANCE
-from csd.toy import ASSETS, TEXTURED_DIR, TOKENIZER_FILE
+from csd.toy import ASSETS, OUTLINE_DIR, TEXTURED_DIR, TOKENIZER_FILE
 from csd.toy.domain import SCENE_KIND_PROBS, STYLES, render_batch, sample_spec, training_stream
 from csd.toy.model import IMAGE_TOKENS, ROPE_THETA, toy_lm_config
 from csd.toy.tokenizer import PatchTokenizer
@@ -372,7 +372,7 @@ def _committed(out: Path, style: str, name: str) -> Path:
     """``results/toy_<name>`` (``toy_<style>_<name>`` for a style other than clean), the file committed for the
     shipped model, when ``out`` is the style's shipped assets directory; else ``out/<name>``, so a candidate trained
     or evaluated elsewhere never overwrites or appends to the shipped model's files."""
-    shipped = TEXTURED_DIR if style == "textured" else ASSETS
+    shipped = {"clean": ASSETS, "textured": TEXTURED_DIR, "textured_outline": OUTLINE_DIR}[style]
     if out.resolve() != shipped.resolve():
         return out / name
     return REPO / "results" / (f"toy_{name}" if style == "clean" else f"toy_{style}_{name}")
@@ -413,7 +413,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--resume", action="store_true",
                    help=f"continue an interrupted run from --out's {STATE_FILE} (written every --save-every steps)")
     p.add_argument("--style", choices=STYLES, default="clean",
-                   help="the domain's style (textured: model=toy_textured's backgrounds)")
+                   help="the domain's style (textured: model=toy_textured's backgrounds; textured_outline: those and "
+                        "jittered object outlines, the outline candidate's data)")
     p.add_argument("--caption-dropout", type=float, default=0.1)
     p.add_argument("--clip-steps", type=int, default=500)
     p.add_argument("--clip-batch", type=int, default=96)

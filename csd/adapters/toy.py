@@ -16,6 +16,8 @@ from csd.errors import MissingWeightsError
 from csd.toy import (
     EAGLE_HEAD_FILE,
     LM_DIR,
+    OUTLINE_EAGLE_HEAD_FILE,
+    OUTLINE_LM_DIR,
     SPATIAL_HEADS_FILE,
     TEXTURED_EAGLE_HEAD_FILE,
     TEXTURED_LM_DIR,
@@ -109,6 +111,16 @@ class TexturedToyAdapter(ToyAdapter):
     spatial_heads = None
 
 
+class OutlineToyAdapter(ToyAdapter):
+    """The third embedded model (``model=toy_textured_outline``): the toy LM continued on the textured domain with
+    jittered object outlines (``csd/toy/MODEL_CARD.md``), with its own EAGLE head and no spatial heads."""
+
+    name = "toy_textured_outline"
+    checkpoint = OUTLINE_LM_DIR
+    eagle_head = OUTLINE_EAGLE_HEAD_FILE
+    spatial_heads = None
+
+
 def _load(cls: type[ToyAdapter], remake: str, guidance_scale: float, top_k: int | None, temperature: float,
           device: str, dtype: str) -> ToyAdapter:
     lm_dir = cls.checkpoint
@@ -133,6 +145,14 @@ def load_toy_textured_adapter(guidance_scale: float = DEFAULT_GUIDANCE, top_k: i
                               temperature: float = 1.0, device: str = "cpu", dtype: str = "float32") -> TexturedToyAdapter:
     """The textured toy (``csd/toy/assets/textured``), as :func:`load_toy_adapter`."""
     return _load(TexturedToyAdapter, "the textured recipe of `python -m experiments.train_toy` (csd/toy/MODEL_CARD.md)",
+                 guidance_scale, top_k, temperature, device, dtype)
+
+
+def load_toy_textured_outline_adapter(guidance_scale: float = DEFAULT_GUIDANCE, top_k: int | None = 0,
+                                      temperature: float = 1.0, device: str = "cpu",
+                                      dtype: str = "float32") -> OutlineToyAdapter:
+    """The outline toy (``csd/toy/assets/textured_outline``), as :func:`load_toy_adapter`."""
+    return _load(OutlineToyAdapter, "the outline recipe of `python -m experiments.train_toy` (csd/toy/MODEL_CARD.md)",
                  guidance_scale, top_k, temperature, device, dtype)
 
 

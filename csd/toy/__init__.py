@@ -19,3 +19,8 @@ TEXTURED_DIR = ASSETS / "textured"
 TEXTURED_LM_DIR = TEXTURED_DIR / "lm"
 #: the EAGLE draft head trained on the textured LM (as EAGLE_HEAD_FILE; csd/toy/MODEL_CARD.md "The textured toy")
 TEXTURED_EAGLE_HEAD_FILE = TEXTURED_DIR / "eagle_head.pt"
+#: the third embedded model (model=toy_textured_outline): the toy LM continued on the textured_outline style (textured
+#: backgrounds and jittered object outlines), with its own EAGLE head; same tokenizer, CLIP and scene checker
+OUTLINE_DIR = ASSETS / "textured_outline"
+OUTLINE_LM_DIR = OUTLINE_DIR / "lm"
+OUTLINE_EAGLE_HEAD_FILE = OUTLINE_DIR / "eagle_head.pt"

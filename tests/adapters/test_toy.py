@@ -189,6 +189,10 @@ def test_missing_weights_error(monkeypatch, tmp_path) -> None:
     with pytest.raises(MissingWeightsError, match=r"toy_textured model files missing: .*textured/config.json.*"
                                                   r"the textured recipe of `python -m experiments.train_toy`"):
         toy_adapter.load_toy_textured_adapter()
+    monkeypatch.setattr(toy_adapter.OutlineToyAdapter, "checkpoint", tmp_path / "outline")
+    with pytest.raises(MissingWeightsError, match=r"toy_textured_outline model files missing: .*outline/config.json.*"
+                                                  r"the outline recipe of `python -m experiments.train_toy`"):
+        toy_adapter.load_toy_textured_outline_adapter()
 
 
 def test_clip_loads_through_open_clip(tokenizer: PatchTokenizer, heldout_images) -> None:

@@ -209,17 +209,19 @@ def test_resume_without_a_saved_state_is_refused(monkeypatch, tmp_path) -> None:
         _train(monkeypatch, tmp_path, "--resume")
 
 
-def test_the_textured_model_preset_composes_with_its_own_fid_reference() -> None:
-    """model=toy_textured: a toy model for the evaluation (scene checker, toy-CLIP), its FID reference the textured
-    rendering by default, and the render key not passed to the loader."""
+@pytest.mark.parametrize(("model", "render"), [("toy_textured", "csd.toy.domain.heldout_scene_textured"),
+                                              ("toy_textured_outline", "csd.toy.domain.heldout_scene_textured_outline")])
+def test_the_textured_model_preset_composes_with_its_own_fid_reference(model: str, render: str) -> None:
+    """model=toy_textured / toy_textured_outline: a toy model for the evaluation (scene checker, toy-CLIP), its FID
+    reference its own style's rendering by default, and the render key not passed to the loader."""
     from csd.compose import loader_params
     from csd.validate import validate
     from tests.pipeline.test_config import make_cfg
 
-    cfg = make_cfg("model=toy_textured")
+    cfg = make_cfg(f"model={model}")
     validate(cfg)
     assert cfg.model.name in cfg.eval.toy.models
-    assert cfg.eval.toy.render == "csd.toy.domain.heldout_scene_textured"
+    assert cfg.eval.toy.render == render
     assert "reference_render" not in loader_params(cfg.model)
     assert make_cfg("model=toy").eval.toy.render == "csd.toy.domain.heldout_scene"
     assert make_cfg("model=toy_textured", "eval.toy.render=csd.toy.domain.heldout_scene").eval.toy.render == \
