@@ -47,3 +47,17 @@ for ref in "ar:method=ar" "sjd:method=sjd" "sjd_pac:method=sjd_pac engine.batch_
 done
 python run.py experiment=toy_spatial_textured logger=disabled hydra.mode=RUN stage=report \
   sweep_dir=results/toy_spatial_textured
+# the third embedded model, model=toy_textured_outline (textured backgrounds and jittered object outlines; the same
+# docs/RESULTS.md section): the same study, entropy map and spatial table
+python run.py experiment=entropy_study_textured_outline logger=disabled hydra.run.dir=results/entropy_study_textured_outline
+python -m experiments.entropy_map results/entropy_study_textured/ar results/entropy_study_textured_outline/ar \
+  --labels toy_textured toy_textured_outline --out results/toy_textured_outline/entropy_map
+python run.py experiment=toy_spatial_textured_outline logger=disabled hydra.sweep.dir=results/toy_spatial_textured_outline
+for ref in "ar:method=ar" "sjd:method=sjd" "sjd_pac:method=sjd_pac engine.batch_size=1" "zipar:method=sjd drafter=zipar" \
+    "eagle:method=sjd drafter=eagle drafter.window=5"; do
+  # shellcheck disable=SC2086
+  python run.py experiment=toy_spatial_textured_outline logger=disabled hydra.mode=RUN ${ref#*:} \
+    run_dir=results/toy_spatial_textured_outline/ref_${ref%%:*}
+done
+python run.py experiment=toy_spatial_textured_outline logger=disabled hydra.mode=RUN stage=report \
+  sweep_dir=results/toy_spatial_textured_outline

@@ -50,9 +50,11 @@ def test_committed_study_run_reproduces_at_batch_1(run):
 
 
 @pytest.mark.slow
-def test_committed_textured_toy_run_reproduces():
-    """model=toy_textured's AR run (the study's reference on the second toy, batch 16): its first image at batch 1."""
-    test_committed_toy_run_reproduces(RESULTS / "entropy_study_textured" / "ar" / "run.json")
+@pytest.mark.parametrize("study", ["entropy_study_textured", "entropy_study_textured_outline"])
+def test_committed_textured_toy_run_reproduces(study):
+    """model=toy_textured's and model=toy_textured_outline's AR runs (each study's reference, batch 16): the first
+    image at batch 1."""
+    test_committed_toy_run_reproduces(RESULTS / study / "ar" / "run.json")
 
 
 REGIMES = RESULTS / "entropy_regimes"
