@@ -33,31 +33,21 @@ for s in uniform similarity; do
     drafter.tree=binary drafter.skip=$s run_dir=results/toy_drafters/7_vvs_$s
 done
 python run.py experiment=toy_drafters logger=disabled hydra.mode=RUN stage=report sweep_dir=results/toy_drafters
-# the second embedded model, model=toy_textured (docs/RESULTS.md "A second toy: realistic entropy"): the
-# matched-compression study on it (about 1 h 30 on one thread; resumes), the entropy maps of both toys, then the
-# spatial table (PJD with SJD's and CSD's rules) with its reference runs and the report over the directory
-python run.py experiment=entropy_study_textured logger=disabled hydra.run.dir=results/entropy_study_textured
-python -m experiments.entropy_map results/toy_paper/0_ar results/entropy_study_textured/ar --labels toy toy_textured
-python run.py experiment=toy_spatial_textured logger=disabled hydra.sweep.dir=results/toy_spatial_textured
-for ref in "ar:method=ar" "sjd:method=sjd" "sjd_pac:method=sjd_pac engine.batch_size=1" "zipar:method=sjd drafter=zipar" \
-    "eagle:method=sjd drafter=eagle drafter.window=5"; do
-  # shellcheck disable=SC2086
-  python run.py experiment=toy_spatial_textured logger=disabled hydra.mode=RUN ${ref#*:} \
-    run_dir=results/toy_spatial_textured/ref_${ref%%:*}
+# the second and third embedded models, model=toy_textured and model=toy_textured_outline (docs/RESULTS.md "A second
+# toy: realistic entropy"): on each, the matched-compression study (about 1 h 30 on one thread; resumes), then the
+# spatial table (PJD with SJD's and CSD's rules) with its reference runs and the report over the directory; then the
+# entropy maps (the toy against the textured toy, the textured toy against the outline toy)
+for m in textured textured_outline; do
+  python run.py experiment=entropy_study_$m logger=disabled hydra.run.dir=results/entropy_study_$m
+  python run.py experiment=toy_spatial_$m logger=disabled hydra.sweep.dir=results/toy_spatial_$m
+  for ref in "ar:method=ar" "sjd:method=sjd" "sjd_pac:method=sjd_pac engine.batch_size=1" "zipar:method=sjd drafter=zipar" \
+      "eagle:method=sjd drafter=eagle drafter.window=5"; do
+    # shellcheck disable=SC2086
+    python run.py experiment=toy_spatial_$m logger=disabled hydra.mode=RUN ${ref#*:} \
+      run_dir=results/toy_spatial_$m/ref_${ref%%:*}
+  done
+  python run.py experiment=toy_spatial_$m logger=disabled hydra.mode=RUN stage=report sweep_dir=results/toy_spatial_$m
 done
-python run.py experiment=toy_spatial_textured logger=disabled hydra.mode=RUN stage=report \
-  sweep_dir=results/toy_spatial_textured
-# the third embedded model, model=toy_textured_outline (textured backgrounds and jittered object outlines; the same
-# docs/RESULTS.md section): the same study, entropy map and spatial table
-python run.py experiment=entropy_study_textured_outline logger=disabled hydra.run.dir=results/entropy_study_textured_outline
+python -m experiments.entropy_map results/toy_paper/0_ar results/entropy_study_textured/ar --labels toy toy_textured
 python -m experiments.entropy_map results/entropy_study_textured/ar results/entropy_study_textured_outline/ar \
   --labels toy_textured toy_textured_outline --out results/toy_textured_outline/entropy_map
-python run.py experiment=toy_spatial_textured_outline logger=disabled hydra.sweep.dir=results/toy_spatial_textured_outline
-for ref in "ar:method=ar" "sjd:method=sjd" "sjd_pac:method=sjd_pac engine.batch_size=1" "zipar:method=sjd drafter=zipar" \
-    "eagle:method=sjd drafter=eagle drafter.window=5"; do
-  # shellcheck disable=SC2086
-  python run.py experiment=toy_spatial_textured_outline logger=disabled hydra.mode=RUN ${ref#*:} \
-    run_dir=results/toy_spatial_textured_outline/ref_${ref%%:*}
-done
-python run.py experiment=toy_spatial_textured_outline logger=disabled hydra.mode=RUN stage=report \
-  sweep_dir=results/toy_spatial_textured_outline
