@@ -9,7 +9,7 @@ for every image in flight at once (ragged: each has its own ``n``, window and ac
 3. target: the processors turn logits into ``q`` per row (CFG, temperature, top-k; compiled, in the step's graph);
 4. verify: the rule accepts a prefix (a path, for trees) and the residual or bonus sample ends it; the only host
    synchronisation of the iteration reads how many tokens each slot commits (none when every window has one row:
-   AR, the AR tail);
+   AR, the AR tail, whose samples the compiled step's graph draws from noise drawn at step 1);
 5. refresh: this forward's targets become the next window's carried drafts;
 6. roll back: each slot's cache keeps its committed entries and drops the rest;
 7. commit: the tokens, how each was committed, its target entropy and the counters join the image's record.
@@ -161,15 +161,17 @@ class JacobiEngine:
             raw = state.forward(proposal.ids, proposal.from_prompt, proposal.active, tree=proposal.tree,
                                 shift=proposal.shift, groups=proposal.groups)
             folded = None
-        else:  # compiled: the target of every column comes out of the step's graph
+        else:  # compiled: the target of every column (and one-row windows' samples) come out of the step's graph
             raw, folded = state.forward(proposal.ids, proposal.from_prompt, proposal.active, tree=proposal.tree,
-                                        shift=proposal.shift, groups=proposal.groups, target=self.pipeline)
+                                        shift=proposal.shift, groups=proposal.groups, target=self.pipeline,
+                                        noise=proposal.noise)
         # 3 target
         if folded is None:
             target = self.pipeline(raw[:, :, : proposal.rows])
             target_entropy = entropy(target)
         else:
             target, target_entropy = folded[0][:, : proposal.rows], folded[1][:, : proposal.rows]
+            proposal.samples = folded[2]
         # 4 verify (the iteration's one host synchronisation)
         verified = self.drafter.verify(self.judge_rule, slots, proposal, target, target_entropy)
         # 5 refresh

@@ -19,6 +19,7 @@ import torch
 from csd.acceptance import entropy
 from csd.adapters.base import ModelAdapter, anchor_inputs
 from csd.cache import RaggedCache, default_cache_len
+from csd.verify import sample_race
 
 #: ``decode_step(inputs, cache, position_ids, attention_mask) -> logits``
 StepFn = Callable[..., torch.Tensor]
@@ -38,23 +39,25 @@ def isolation() -> dict[str, bool]:
 
 
 def step_and_target(step: StepFn, embed: EmbedFn, target: TargetFn | None, rows: int, ids: torch.Tensor,
-                    cache: RaggedCache, tail: torch.Tensor, anchored: torch.Tensor
-                    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+                    cache: RaggedCache, tail: torch.Tensor, anchored: torch.Tensor, noise: torch.Tensor | None = None
+                    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
     """One decode step on every row of a fixed cache and, with ``target``, the engine's target step on its output, as
     one function to compile: the model inputs of every slot's window ``ids [N / rows, q]`` (``embed``, the adapter's
     ``body_inputs``, of each CFG row; column 0 of a row flagged in ``anchored [N]`` is its prompt's last token's input
     ``tail [N, 1, ...]``: ``csd.adapters.base.anchor_inputs``, as on the eager path), the step's position ids and
     mask from the cache's device lengths (``RaggedCache.feed``, after ``RaggedCache.reserve``), raw logits
     ``[N, q, V_raw]`` (``N`` = slots x ``rows`` CFG rows), ``q = target(raw as [N / rows, rows, q, V_raw])`` for every
-    column and its entropy ``H(q)`` (docs/ALGORITHMS.md "The engine loop", steps 1-3); without ``target`` the logits
-    and two Nones."""
+    column and its entropy ``H(q)`` (docs/ALGORITHMS.md "The engine loop", steps 1-3), and with ``noise`` (``Exp(1)``
+    of every column, ``[N / rows, q, V]``: one-row windows, drawn before the step) every column's sample
+    ``argmax_v q(v) / E_v`` (:func:`csd.verify.sample_race`, step 4 of a window without drafts); what is not computed
+    is None."""
     inputs = anchor_inputs(embed(ids.repeat_interleave(rows, dim=0)), tail, anchored)
     position_ids, attention_mask = cache.feed(ids.shape[1])
     raw = step(inputs, cache, position_ids, attention_mask)
     if target is None:
-        return raw, None, None
+        return raw, None, None, None
     q = target(raw.view(-1, rows, *raw.shape[1:]))
-    return raw, q, entropy(q)
+    return raw, q, entropy(q), None if noise is None else sample_race(q, noise)
 
 
 def compile_step(step: StepFn, backend: str = "inductor") -> StepFn:
@@ -139,15 +142,16 @@ class CompiledStep:
         return self.backend == "inductor" and device.type == "cuda"
 
     def __call__(self, ids: torch.Tensor, cache: RaggedCache, tail: torch.Tensor, anchored: torch.Tensor,
-                 target: TargetFn | None = None, rows: int = 1
-                 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+                 target: TargetFn | None = None, rows: int = 1, noise: torch.Tensor | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
         """The compiled :func:`step_and_target` of the adapter's step on the windows ``ids`` of every slot of ``cache``
         (after ``cache.reserve``; ``rows``: CFG rows per slot; ``tail`` and ``anchored``: the prompts' last inputs and
-        the rows whose window starts with it). As CUDA graphs (:meth:`captures`) each call is a new step whose outputs
-        are cloned: a replay overwrites its output buffers, so the caller keeps copies. One graph per window length
-        and ``target`` (the engine always passes its own)."""
+        the rows whose window starts with it; ``noise``: one-row windows' ``Exp(1)`` noise, whose samples the graph
+        then draws). As CUDA graphs (:meth:`captures`) each call is a new step whose outputs are cloned: a replay
+        overwrites its output buffers, so the caller keeps copies. One graph per window length, ``target`` and whether
+        ``noise`` is given (the engine always passes its own target, and noise exactly for one-row windows)."""
         torch.compiler.cudagraph_mark_step_begin()
-        out = self.step_fn(self.decode_step, self.body_inputs, target, rows, ids, cache, tail, anchored)
+        out = self.step_fn(self.decode_step, self.body_inputs, target, rows, ids, cache, tail, anchored, noise)
         if not self.captures(ids.device):
             return out
         return tuple(None if t is None else t.clone() for t in out)  # type: ignore[return-value]

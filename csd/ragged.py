@@ -117,8 +117,8 @@ class SlotBatch:
     @torch.no_grad()
     def forward(self, ids: torch.Tensor, from_prompt: Sequence[bool], active: Sequence[bool],
                 tree: TreeMask | None = None, features: bool = False, shift: torch.Tensor | None = None,
-                groups: torch.Tensor | None = None, target: Callable[[torch.Tensor], torch.Tensor] | None = None
-                ) -> torch.Tensor | tuple[torch.Tensor, Any]:
+                groups: torch.Tensor | None = None, target: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                noise: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, Any]:
         """One forward of every slot's window ``ids [B, K]`` (column 0 the anchor; the prompt's last token where
         ``from_prompt``): raw logits ``[B, rows, K, V]``, row for row those of :func:`reference_logits`. Inactive
         slots' caches do not advance and their logits are meaningless. A row with an empty prompt has no context for
@@ -127,9 +127,11 @@ class SlotBatch:
         also return the decoder's last hidden states ``[B, rows, K, D]`` the logits were computed from
         (``logits = adapter.head(features)``, the same forward), as ``(logits, features)``. ``shift [B, K]``: each
         slot's position-id shifts and ``groups [B, K]`` its entries' chains (``RaggedCache.extend``; eager only).
-        ``target`` (the engine's target pipeline, logits -> ``q [B, K, V]``): returns ``(logits, (q, H(q)))`` of every
+        ``target`` (the engine's target pipeline, logits -> ``q [B, K, V]``): returns ``(logits, (q, H(q), y))`` of every
         column, computed in the compiled step's graph, or ``(logits, None)``, eagerly or when a column was replaced
-        (an empty prompt's first window): the caller computes them from the logits."""
+        (an empty prompt's first window): the caller computes them from the logits. ``noise [B, K, V]`` (with
+        ``target``, compiled; one-row windows): ``Exp(1)`` noise of every column, whose samples ``y [B, K]`` the graph
+        draws (:func:`csd.verify.sample_race`); without it ``y`` is None."""
         slots, k = ids.shape
         if slots != self.slots or self.prompt_tail is None:
             raise ValueError(f"forward needs ids for all {self.slots} slots after a prefill, got {slots}")
@@ -137,6 +139,8 @@ class SlotBatch:
             raise ValueError("tree windows run on the eager cache: engine.compile must be false")
         if shift is not None and self.compiled is not None:
             raise ValueError("shifted position ids run on the eager cache: engine.compile must be false")
+        if noise is not None and (self.compiled is None or target is None or features):
+            raise ValueError("noise: only the compiled step with the target samples in its graph")
         rows = self.rows
         ids = ids.to(self.cache.device)
         anchored = None
@@ -150,12 +154,12 @@ class SlotBatch:
                 self.anchored.copy_(anchored)
             self.cache.reserve(k, advance)
             # contiguous ids: an expanded (stride-0) window would trace another graph
-            logits, q, q_entropy = self.compiled(ids.contiguous(), self.cache, self.prompt_tail, self.anchored, target,
-                                                 rows)
+            logits, q, q_entropy, y = self.compiled(ids.contiguous(), self.cache, self.prompt_tail, self.anchored,
+                                                    target, rows, noise)
             self.cache.advance(slice(0, self.cache.rows), k, advance)
             if anchored is not None:
                 self.anchored.zero_()
-            return self._outputs(logits, None, from_prompt, target, (q, q_entropy))
+            return self._outputs(logits, None, from_prompt, target, (q, q_entropy, y))
         inputs = self.adapter.body_inputs(ids.repeat_interleave(rows, dim=0))
         if anchored is not None:
             inputs = anchor_inputs(inputs, self.prompt_tail, anchored)
@@ -176,9 +180,9 @@ class SlotBatch:
 
     def _outputs(self, logits: torch.Tensor, hidden: torch.Tensor | None, from_prompt: Sequence[bool],
                  target: Callable[[torch.Tensor], torch.Tensor] | None,
-                 folded: tuple[torch.Tensor | None, torch.Tensor | None] | None) -> torch.Tensor | tuple[torch.Tensor, Any]:
+                 folded: tuple[torch.Tensor | None, ...] | None) -> torch.Tensor | tuple[torch.Tensor, Any]:
         """:meth:`forward`'s result from the step's ``logits [N, K, V]`` (``hidden``: its features; ``folded``: the
-        compiled step's target and entropy): an empty prompt's placeholder column replaced by the slot's first row's."""
+        compiled step's target, entropy and samples): an empty prompt's placeholder column replaced by the slot's first row's."""
         slots, rows = self.slots, self.rows
         blind = [first and empty for first, row in zip(from_prompt, range(0, self.cache.rows, rows), strict=True)
                  for empty in self.no_prompt[row : row + rows]]

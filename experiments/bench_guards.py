@@ -70,7 +70,7 @@ def check_cost(toy: Any, layers: int, calls: int, keep_all: bool) -> tuple[int, 
         nonlocal seen
         seen += 1
         if seen == adapter.layout.length // 2:  # mid-image: the q = 1 graph, compiled on the first call
-            names = ("step", "embed", "target", "rows", "ids", "cache", "tail", "anchored")
+            names = ("step", "embed", "target", "rows", "ids", "cache", "tail", "anchored", "noise")
             frame = dict(zip(names, args, strict=True))
             (entry,) = _debug_get_cache_entry_list(step_and_target.__code__)
             assert entry.guard_manager.check(frame), "the timed frame must pass the graph's guards"

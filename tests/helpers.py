@@ -144,17 +144,17 @@ def count_host_reads(monkeypatch) -> list[str]:
 
 def one_row_iterations(monkeypatch) -> list[int]:
     """Record every iteration whose windows all have one row (AR, the AR tail) until undone: each commits one token per
-    slot, known without reading the device (``csd.drafters.chain._sample_rows``)."""
+    slot, known without reading the device (``csd.drafters.chain.sample_rows``)."""
     import csd.drafters.chain as chain
 
     calls: list[int] = []
-    sample_rows = chain._sample_rows
+    sample_rows = chain.sample_rows
 
     def counted(*args, **kwargs):
         calls.append(1)
         return sample_rows(*args, **kwargs)
 
-    monkeypatch.setattr(chain, "_sample_rows", counted)
+    monkeypatch.setattr(chain, "sample_rows", counted)
     return calls
 
 

@@ -74,7 +74,10 @@ class Proposal:
     position ids other than the cache order (entry ``j`` of a slot whose cache holds ``e`` entries has position id
     ``e + j + shift[b, j]`` and sees the entries written so far whose position id is at most its own:
     ``csd.cache.RaggedCache.extend``; ZipAR, PJD), None: position id = cache order, causal. ``groups [B, fed]`` (with
-    ``shift``; PJD's row-causal windows): inside the window an entry sees only group-0 entries and its own group's."""
+    ``shift``; PJD's row-causal windows): inside the window an entry sees only group-0 entries and its own group's.
+    ``noise [B, 1, V]``: one-row windows' ``Exp(1)`` noise, drawn at the proposal on the compiled path so that the
+    step's graph samples them (``csd.fast.step_and_target``), and ``samples [B, 1]`` what it sampled (set by the
+    engine after the forward; None where the step did not sample, e.g. an empty prompt's first window)."""
 
     ids: torch.Tensor
     from_prompt: list[bool]
@@ -85,6 +88,8 @@ class Proposal:
     features: torch.Tensor | None = None
     shift: torch.Tensor | None = None
     groups: torch.Tensor | None = None
+    noise: torch.Tensor | None = None
+    samples: torch.Tensor | None = None
 
     @property
     def fed(self) -> int:

@@ -69,13 +69,26 @@ class ChainDrafter(Drafter):
         return ChainWindow(rows, drafts, probs, torch.cat([anchor, self.body(drafts, n)]))
 
     def propose(self, slots: list[Slot | None]) -> Proposal:
-        return chain_proposal(self, slots, [None if slot is None else self._window(slot) for slot in slots])
+        """Step 1; on the compiled path (``pad``) a proposal of one-row windows also draws their samples' noise
+        (:func:`row_noise`), so that the step's graph samples them: the image's generator draws nothing between here
+        and step 4, so the numbers are the ones step 4 would draw."""
+        proposal = chain_proposal(self, slots, [None if slot is None else self._window(slot) for slot in slots])
+        if self.pad and proposal.rows == 1:
+            proposal.noise = row_noise(self, chain_heads(slots, proposal.windows), self._shared(slots, proposal.windows))
+        return proposal
+
+    def _shared(self, slots: list[Slot | None], windows: list[ChainWindow | None]) -> list[torch.Tensor | None]:
+        """Each window's Gumbel-sharing noise of its rows ``[1, rows, V]`` (None: no window, or no sharing)."""
+        return [None if w is None or slot.draft.shared is None else slot.draft.shared[slot.n : slot.n + w.rows].unsqueeze(0)
+                for slot, w in zip(slots, windows, strict=True)]
 
     def verify(self, rule: AcceptanceRule, slots: list[Slot | None], proposal: Proposal, target: torch.Tensor,
                target_entropy: torch.Tensor) -> Verified:
-        shared = [None if w is None or slot.draft.shared is None else slot.draft.shared[slot.n : slot.n + w.rows].unsqueeze(0)
-                  for slot, w in zip(slots, proposal.windows, strict=True)]
-        return verify_chains(self, rule, slots, proposal, target, target_entropy, shared)
+        heads = chain_heads(slots, proposal.windows)
+        if proposal.noise is not None:  # one-row windows, their noise drawn at step 1 (and sampled by the step)
+            return sample_rows(self, heads, target, target_entropy, proposal.noise, proposal.samples)
+        return verify_chain_batch(self, rule, heads, proposal.windows, target, target_entropy,
+                                  self._shared(slots, proposal.windows))
 
     def refresh(self, slots: list[Slot | None], proposal: Proposal, verified: Verified, target: torch.Tensor) -> None:
         """SJD step 6: ``y_m .. y_{K-1}`` become the next drafts, recorded with ``q_m .. q_{K-1}``; with maximal
@@ -109,8 +122,13 @@ def chain_proposal(drafter: Drafter, slots: list[Slot | None], windows: list[Cha
 def verify_chains(drafter: Drafter, rule: AcceptanceRule, slots: list[Slot | None], proposal: Proposal,
                   target: torch.Tensor, target_entropy: torch.Tensor, shared: list[torch.Tensor | None]) -> Verified:
     """Step 4 for one chain window per slot (:func:`verify_chain_batch`, each window starting at its slot's ``n``)."""
-    heads = [None if w is None else ChainHead(slot.n, slot.generator) for slot, w in zip(slots, proposal.windows, strict=True)]
-    return verify_chain_batch(drafter, rule, heads, proposal.windows, target, target_entropy, shared)
+    return verify_chain_batch(drafter, rule, chain_heads(slots, proposal.windows), proposal.windows, target,
+                              target_entropy, shared)
+
+
+def chain_heads(slots: list[Slot | None], windows: list[ChainWindow | None]) -> list[ChainHead | None]:
+    """Where each slot's chain window starts (its ``n``) and its image's generator; None: no window."""
+    return [None if w is None else ChainHead(slot.n, slot.generator) for slot, w in zip(slots, windows, strict=True)]
 
 
 @dataclass(frozen=True)
@@ -130,7 +148,7 @@ def verify_chain_batch(drafter: Drafter, rule: AcceptanceRule, heads: list[Chain
     The ``drafter_forwards`` counter is 0 (a drafter with forwards of its own adds them)."""
     rows, vocab, device = target.shape[1], drafter.vocab, drafter.device
     if rows == 1:  # one-row windows (AR, a tail): no draft to judge
-        return _sample_rows(drafter, heads, target, target_entropy, shared)
+        return sample_rows(drafter, heads, target, target_entropy, row_noise(drafter, heads, shared))
     own = [None if w is None else WindowNoise.draw(1, w.rows, vocab, head.generator, device, noise)
            for head, w, noise in zip(heads, windows, shared, strict=True)]
     if len(windows) == 1 and windows[0] is not None:  # batch 1: the window's own tensors, no copy
@@ -182,24 +200,31 @@ def judge_windows(rule: AcceptanceRule, target: torch.Tensor, target_entropy: to
     return result.committed, kinds, _stats(result, forced, n_drafts), result.n_accepted + 1, samples
 
 
-def _sample_rows(drafter: Drafter, heads: list[ChainHead | None], target: torch.Tensor, target_entropy: torch.Tensor,
-                 shared: list[torch.Tensor | None]) -> Verified:
-    """Step 4 for one-row windows (AR, a window in the AR tail): each commits its row sample. The random numbers are
-    drawn exactly as :meth:`csd.verify.WindowNoise.draw` draws them for one row (its sample's noise unless shared, no
-    uniform, the residual's noise, which one row never uses: drawn, not transformed), so the images' streams are the
-    same as through :func:`csd.verify.verify_window`; every slot commits one token, known without a host
-    synchronisation."""
+def row_noise(drafter: Drafter, heads: list[ChainHead | None], shared: list[torch.Tensor | None]) -> torch.Tensor:
+    """The random numbers of one-row windows (AR, a window in the AR tail), ``Exp(1)`` noise ``[B, 1, V]`` of their
+    samples (ones for no window), drawn exactly as :meth:`csd.verify.WindowNoise.draw` draws them for one row (its
+    sample's noise unless shared, no uniform, the residual's noise, which one row never uses: drawn, not
+    transformed), so the images' streams are the same as through :func:`csd.verify.verify_window`."""
     vocab, device = drafter.vocab, drafter.device
     noise = []
     for head, own in zip(heads, shared, strict=True):
         if head is None:
-            noise.append(target.new_ones((1, 1, vocab)))
+            noise.append(torch.ones((1, 1, vocab), device=device))
             continue
         noise.append(exponential_noise((1, 1, vocab), head.generator, device) if own is None else own)
         torch.rand((1, 0), generator=head.generator, device=device)
         torch.rand((1, vocab), generator=head.generator, device=device)
-    samples = sample_race(target, noise[0] if len(noise) == 1 else torch.cat(noise))
-    count = len(heads)
+    return noise[0] if len(noise) == 1 else torch.cat(noise)
+
+
+def sample_rows(drafter: Drafter, heads: list[ChainHead | None], target: torch.Tensor, target_entropy: torch.Tensor,
+                noise: torch.Tensor, samples: torch.Tensor | None = None) -> Verified:
+    """Step 4 for one-row windows: each commits its row sample ``argmax_v q(v) / E_v`` of ``target [B, 1, V]`` with
+    the noise ``E`` of :func:`row_noise` (``samples``: already drawn from them, by the compiled step's graph); every
+    slot commits one token, known without a host synchronisation."""
+    if samples is None:
+        samples = sample_race(target, noise)
+    count, device = len(heads), drafter.device
     kinds = torch.full((count, 1), COMMIT_SAMPLED, dtype=torch.long, device=device)
     stats = torch.zeros((count, len(STAT_KEYS)), dtype=torch.long, device=device)
     counts = [0 if head is None else 1 for head in heads]

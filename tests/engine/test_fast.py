@@ -377,12 +377,37 @@ def test_compiled_forward_computes_the_target_in_the_step():
         batch.prefill(slot, prompt)
     ids = torch.randint(16, (2, 5), generator=torch.Generator().manual_seed(0))
     logits, folded = batch.forward(ids, [True, True], [True, True], target=pipeline)
-    q, q_entropy = folded
+    q, q_entropy, samples = folded
     assert q.shape == (2, 5, 16) and torch.equal(q, pipeline(logits)) and torch.equal(q_entropy, entropy(q))
+    assert samples is None  # no noise given: nothing sampled
     batch.rollback([5, 5])
     batch.no_prompt[3] = True  # slot 1's second row: as if its prompt were empty
     again, folded = batch.forward(ids, [True, True], [True, True], target=pipeline)
     assert folded is None and torch.equal(again[0], logits[0]) and torch.equal(again[1, 1, 0], logits[1, 0, 0])
+
+
+def test_compiled_forward_samples_one_row_windows_in_the_step():
+    """With ``noise``, the compiled step's graph also samples every column, ``argmax q / E`` (``sample_race``) of the
+    target it returns; the eager path refuses noise (it has no graph to sample in)."""
+    from csd.processors import TargetPipeline
+    from csd.verify import exponential_noise, sample_race
+
+    adapter = rejecting_janus()
+    pipeline = TargetPipeline.build(adapter.sampling, adapter.raw_image_columns)
+    batch = SlotBatch(adapter, 2, CompiledStep(adapter, backend="aot_eager"))
+    for slot, prompt in enumerate(PROMPTS[:2]):
+        batch.prefill(slot, prompt)
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(3):
+        ids = torch.randint(16, (2, 1), generator=gen)
+        noise = exponential_noise((2, 1, 16), gen, torch.device("cpu"))
+        _, (q, _, samples) = batch.forward(ids, [False, False], [True, True], target=pipeline, noise=noise)
+        assert samples.shape == (2, 1) and torch.equal(samples, sample_race(q, noise))
+    eager = SlotBatch(adapter, 2)
+    for slot, prompt in enumerate(PROMPTS[:2]):
+        eager.prefill(slot, prompt)
+    with pytest.raises(ValueError, match="only the compiled step"):
+        eager.forward(ids, [False, False], [True, True], target=pipeline, noise=noise)
 
 
 def test_adapters_without_a_compiled_path_are_refused():
