@@ -121,6 +121,36 @@ def test_toy_model_compiled_path_is_token_identical():
         assert torch.equal(decode(adapter, rule, window, compiled, prompt, 0).tokens, ref.tokens)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("coupling", ["none", "gumbel"])
+def test_one_row_windows_sampled_in_the_step_give_the_eager_tokens(coupling, monkeypatch):
+    """AR (window 1) and a chain's AR tail on the compiled path: the step's graph samples every one-row window from the
+    noise the drafter drew at the proposal (own draws, or the image's Gumbel-shared noise), and the images get the
+    eager path's tokens, NFE and stats at batch 1 and with refills at B = 3; no one-row window is sampled after it."""
+    import csd.drafters.chain as chain
+
+    adapter = rejecting_janus()
+    compiled = CompiledStep(adapter, backend="aot_eager")
+    reqs = [Request(PROMPTS[i % len(PROMPTS)], seed=11 * i, key=i) for i in range(4)]
+    sample_race, after = chain.sample_race, []
+
+    def counted(*args):
+        after.append(1)
+        return sample_race(*args)
+
+    def run(window: int, batch: int, step: CompiledStep | None) -> dict:
+        engine = JacobiEngine(adapter, SJD(), ChainDrafter(window=window, coupling=coupling), batch_size=batch,
+                              compiled=step)
+        return {r.key: (g.tokens.tolist(), g.nfe, g.stats) for r, g in engine.generate_many(reqs)}
+
+    for window, batch in ((1, 1), (1, 3), (4, 3)):
+        ref = run(window, batch, None)
+        monkeypatch.setattr(chain, "sample_race", counted)  # one-row samples drawn outside the step's graph
+        assert run(window, batch, compiled) == ref, (window, batch)
+        monkeypatch.setattr(chain, "sample_race", sample_race)
+        assert not after
+
+
 # ------------------------------------------------------------------ batched compiled decoding (RaggedCache)
 
 BATCH_PROMPTS = ["a", "two red circles left of a blue square", "a cat", "a lighthouse on a cliff at sunset, oil painting"]
