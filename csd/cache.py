@@ -186,7 +186,7 @@ class RaggedCache:
         """After a forward of ``q`` entries on ``rows``: the rows flagged in ``advance`` hold them (``lengths`` on the
         device, ``filled`` on the host)."""
         if all(advance):
-            self.lengths[rows] += q
+            (self.lengths if rows == slice(0, self.rows) else self.lengths[rows]).add_(q)  # every row: no view
         else:
             self.lengths[rows] += q * to_device(advance, self.device)
         for r, grows in zip(range(*rows.indices(self.rows)), advance, strict=True):

@@ -66,7 +66,7 @@ class ChainDrafter(Drafter):
         length, tail, n = self.adapter.layout.length, self.adapter.layout.jacobi_tail, slot.n
         rows = 1 if length - n <= tail else min(self.window, length - n)
         drafts, probs, anchor = self.spine(slot, slot.draft.carried, slot.draft.carried_probs, rows - 1)
-        return ChainWindow(rows, drafts, probs, torch.cat([anchor, self.body(drafts, n)]))
+        return ChainWindow(rows, drafts, probs, anchor if rows == 1 else torch.cat([anchor, self.body(drafts, n)]))
 
     def propose(self, slots: list[Slot | None]) -> Proposal:
         """Step 1; on the compiled path (``pad``) a proposal of one-row windows also draws their samples' noise
@@ -110,11 +110,14 @@ def chain_proposal(drafter: Drafter, slots: list[Slot | None], windows: list[Cha
     rows = max(w.rows for w in windows if w is not None)
     fed = drafter.window if (drafter.pad and rows > 1) else rows
     # padding repeats a window's last token (an empty slot: any token); its outputs are dropped and rolled back
-    ids = torch.stack([
-        drafter.body.image_ids[:1].expand(fed) if w is None else
-        w.ids if w.rows == fed else torch.cat([w.ids, w.ids[-1:].expand(fed - w.rows)])
-        for w in windows
-    ])
+    if len(windows) == 1 and windows[0] is not None and windows[0].rows == fed:  # batch 1, unpadded: a view
+        ids = windows[0].ids.unsqueeze(0)
+    else:
+        ids = torch.stack([
+            drafter.body.image_ids[:1].expand(fed) if w is None else
+            w.ids if w.rows == fed else torch.cat([w.ids, w.ids[-1:].expand(fed - w.rows)])
+            for w in windows
+        ])
     from_prompt = [w is not None and slot.n == 0 for slot, w in zip(slots, windows, strict=True)]
     return Proposal(ids, from_prompt, [w is not None for w in windows], rows, None, windows)
 
