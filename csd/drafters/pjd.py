@@ -6,8 +6,12 @@ committed cells. Every row in flight holds a Jacobi chain: its anchor (its last 
 started yet the token before its first cell: a forced end-of-line, else a proxy) and ``K - 1`` drafts; the top row's
 ``K = min(L, its remaining positions)`` (one at a time in the AR tail), a lower row's ``K = min(L, c_above - c_row)`` (it
 stays one cell behind the row above). One forward over every chain, **row-causal**: an entry sees the committed tokens
-before its raster position (the cache, this forward's anchors and completed rows' last tokens) and its own chain's
-earlier entries, never another chain's drafts (``Proposal.groups``). Each chain is verified with the rule
+before its raster position (the cache, this forward's anchors, held entries and completed rows' last tokens), each
+once, and its own chain's earlier entries, never another chain's drafts (``Proposal.groups``). A lower row with
+``K < 2`` feeds no chain, but its latest committed cell, which no cache entry holds (it anchors the row's next chain),
+is fed as a **held** entry, shared and dropped after the forward, whenever a row below it feeds a chain (the released
+code feeds that anchor in every forward).
+Each chain is verified with the rule
 (:func:`csd.drafters.chain.verify_chain_batch`); the top row commits its accepted prefix and the residual or bonus
 sample, a lower row its accepted prefix only (its rejected tail waits). Carried drafts are refreshed per chain as the
 chain drafter's (``coupling``), or as the released code does (``code_parity``). Lossy: a lower row's drafts are judged
@@ -92,7 +96,9 @@ class Chain:
 
 @dataclass
 class SlotPlan:
-    """A slot's window: its chains, then ``orphans`` completion entries; ``entries`` in all (padding follows)."""
+    """A slot's window: its chains, then held entries (left-out rows' latest committed cells: context for the rows
+    below, dropped after the forward), then ``orphans`` completion entries (kept); ``entries`` in all (padding
+    follows)."""
 
     chains: list[Chain]
     orphans: int
@@ -177,8 +183,10 @@ class PJDDrafter(Drafter):
     # ---- 1 propose ----
 
     def propose(self, slots: list[Slot | None]) -> Proposal:
-        """Every slot's chains (the top row first: its anchor is column 0, the prompt's last token at first), then its
-        orphans, padded to the longest slot with entries whose position ids lie past the image."""
+        """Every slot's chains (the top row first: its anchor is column 0, the prompt's last token at first), then the
+        latest committed cell of each row left out (``K < 2``) above a row that feeds a chain (no cache entry holds it:
+        it anchors its row's next chain, so the rows below would not see it), then its orphans, padded to the longest
+        slot with entries whose position ids lie past the image."""
         plans, ids, positions, groups = [], [], [], []
         for b, slot in enumerate(slots):
             if slot is None:
@@ -187,10 +195,12 @@ class PJDDrafter(Drafter):
                 positions.append([])
                 groups.append([])
                 continue
-            state, chains, parts, pos, grp = slot.draft, [], [], [], []
+            state, chains, parts, pos, grp, left_out = slot.draft, [], [], [], [], []
             for i, row in enumerate(state.rows):
                 k = self._entries(state, i)
                 if i > 0 and k < 2:
+                    if state.committed[row.start - 1]:
+                        left_out.append(row)
                     continue
                 anchor, proxy = self._anchor(state, row)
                 drafts, probs = self._drafts(state, row, k - 1, slot.generator)
@@ -199,7 +209,9 @@ class PJDDrafter(Drafter):
                 parts.append(window.ids)
                 pos += range(row.start - 1, row.start + k - 1)
                 grp += [len(chains) if proxy else SHARED] + [len(chains)] * (k - 1)
-            for p in state.orphans:
+            lowest = chains[-1].row.index  # chains run top to bottom
+            held = [row.start - 1 for row in left_out if row.index < lowest]
+            for p in held + state.orphans:
                 parts.append(self.body(state.raster[p : p + 1], p))
                 pos.append(p)
                 grp.append(SHARED)

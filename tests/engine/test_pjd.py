@@ -160,20 +160,22 @@ def reference_logits(adapter, prompt: str, entries: list[Entry], row_causal: boo
     return torch.stack(out)
 
 
-@pytest.mark.parametrize(("build", "prompt", "context"), [
-    (lambda: rejecting_janus(grid=4, codebook=4), PROMPT, 1),
-    (lambda: rejecting_janus(grid=4, codebook=4), PROMPT, 2),
-    (lambda: rejecting_lumina(grid=(3, 4), jacobi_tail=2), PROMPT, 1),
-    (lambda: rejecting_emu3(grid=(3, 5)), PROMPT, 1),
-    (lambda: rejecting_anole(grid=(3, 5)), PROMPT, 1),
-    (lambda: rejecting_llamagen("c2i"), "7", 1),
-], ids=["janus-c1", "janus-c2", "lumina", "emu3", "anole", "llamagen"])
-def test_every_forward_equals_the_no_cache_forward_of_its_definition(build, prompt, context, monkeypatch):
+@pytest.mark.parametrize(("build", "prompt", "context", "seed"), [
+    (lambda: rejecting_janus(grid=4, codebook=4), PROMPT, 1, 2),
+    (lambda: rejecting_janus(grid=4, codebook=4), PROMPT, 2, 2),
+    (lambda: rejecting_lumina(grid=(3, 4), jacobi_tail=2), PROMPT, 1, 2),
+    (lambda: rejecting_emu3(grid=(3, 5)), PROMPT, 1, 2),
+    (lambda: rejecting_anole(grid=(3, 5)), PROMPT, 1, 2),
+    (lambda: rejecting_llamagen("c2i"), "7", 1, 2),
+    (lambda: tiny_janus_adapter(grid=8, codebook=64, head_scale=20.0), PROMPT, 1, 1),
+], ids=["janus-c1", "janus-c2", "lumina", "emu3", "anole", "llamagen", "janus_pro_tiny-left-out"])
+def test_every_forward_equals_the_no_cache_forward_of_its_definition(build, prompt, context, seed, monkeypatch):
     """Raster bodies with proxies (Janus-Pro; Anole: CFG rows of different prompt lengths; LlamaGen: 2-D rotary from
-    the position ids) and bodies with forced end-of-line anchors and completed rows' last tokens (Lumina-mGPT, Emu3):
+    the position ids) and bodies with forced end-of-line anchors and completed rows' last tokens (Lumina-mGPT, Emu3);
+    a forward that feeds a left-out row's latest cell as context for the row below (``model=janus_pro_tiny``'s shape):
     every entry's logits, 5e-5 (fp32 sums in another order); without the row-causal restriction they differ."""
     adapter = build()
-    entries, recorded = record_forwards(adapter, PJDDrafter(window=3, context=context), monkeypatch, prompt, 2)
+    entries, recorded = record_forwards(adapter, PJDDrafter(window=3, context=context), monkeypatch, prompt, seed)
     assert len({e.group for e in entries if e.group > 0}) > 1  # several rows shared forwards
     expected = reference_logits(adapter, prompt, entries)
     assert torch.allclose(recorded, expected, atol=5e-5, rtol=0)
