@@ -18,7 +18,7 @@ improved precision / recall code LANTERN releases: :func:`vgg16_network`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from urllib.error import URLError
 
@@ -162,40 +162,81 @@ def inception_score_interval(probs: np.ndarray, prompt_ids: Sequence[str], split
 # ------------------------------------------------------------------------------------------- precision / recall
 
 
-def pairwise(a: np.ndarray, b: np.ndarray, block: int = 4096) -> np.ndarray:
-    """``[len(a), len(b)]`` Euclidean distances, in row blocks."""
-    ta, tb = torch.from_numpy(a), torch.from_numpy(b)
-    return torch.cat([torch.cdist(ta[i:i + block], tb) for i in range(0, len(a), block)]).numpy()
+#: bytes of one block of distances (``rows x len(other set)`` float64): memory grows as ``N * block``, never ``N^2``
+BLOCK_BYTES = 256 * 2**20
+#: the most rows of one block (the row blocks of the full-matrix code this replaced, so a set of up to
+#: ``BLOCK_BYTES / 8 / MAX_ROWS`` images is computed by the same ``cdist`` calls)
+MAX_ROWS = 4096
+
+
+def distance_blocks(a: np.ndarray, b: np.ndarray) -> Iterator[tuple[slice, np.ndarray]]:
+    """The Euclidean distances ``[len(a), len(b)]`` as row blocks ``(rows, d[rows])``, each at most
+    :data:`BLOCK_BYTES` (and :data:`MAX_ROWS` rows)."""
+    rows = max(1, min(MAX_ROWS, BLOCK_BYTES // (8 * max(len(b), 1))))
+    tb = torch.from_numpy(b)
+    for i in range(0, len(a), rows):
+        block = slice(i, min(i + rows, len(a)))
+        yield block, torch.cdist(torch.from_numpy(a[block]), tb).numpy()
 
 
 def knn_radii(features: np.ndarray, k: int) -> np.ndarray:
-    """Distance of each row to its ``k``-th nearest other row (the row itself, at 0, is neighbour 0)."""
+    """Distance of each row to its ``k``-th nearest other row (the row itself, at 0, is neighbour 0), block by
+    block."""
     if len(features) <= k:
         raise ValueError(f"k-NN radii need more than k={k} images, got {len(features)}")
-    return np.partition(pairwise(features, features), k, axis=1)[:, k]
+    radii = np.empty(len(features))
+    for rows, d in distance_blocks(features, features):
+        radii[rows] = np.partition(d, k, axis=1)[:, k]
+    return radii
 
 
-def coverage(points: np.ndarray, centres: np.ndarray, radii: np.ndarray) -> np.ndarray:
-    """``[len(points), len(centres)]``: point ``i`` lies in the ball of centre ``j`` (``d <= r_j``)."""
-    return pairwise(points, centres) <= radii[None, :]
+def inside(points: np.ndarray, centres: np.ndarray, radii: np.ndarray) -> np.ndarray:
+    """``[len(points)]``: point ``i`` lies in some ball of centre ``j`` (``d <= r_j``)."""
+    out = np.empty(len(points), dtype=bool)
+    for rows, d in distance_blocks(points, centres):
+        out[rows] = (d <= radii[None, :]).any(1)
+    return out
 
 
-def precision_recall(generated: np.ndarray, reference: np.ndarray, k: int = 3) -> tuple[np.ndarray, np.ndarray]:
-    """Per generated image: inside the reference manifold (precision = mean); ``[N_ref, N_gen]`` coverage of each
-    reference image by each generated image's ball (recall = mean over reference images of any)."""
-    in_reference = coverage(generated, reference, knn_radii(reference, k)).any(1)
-    return in_reference, coverage(reference, generated, knn_radii(generated, k))
+def precision_recall(generated: np.ndarray, reference: np.ndarray, k: int = 3, prompt_ids: Sequence[str] = (),
+                     n_boot: int = 0, seed: int = SEED) -> tuple[np.ndarray, np.ndarray, list[float] | None]:
+    """Per generated image: inside the reference manifold (precision = mean); per reference image: inside the
+    generated manifold (recall = mean); and recall's 95 % interval over ``n_boot`` resamples of the generated images'
+    prompts ``prompt_ids`` (None without), see :func:`recall_interval`. Memory ``O(N * block)``: the distances and
+    the coverage are computed a block of rows at a time."""
+    in_reference = inside(generated, reference, knn_radii(reference, k))
+    radii = knn_radii(generated, k)
+    recalled = np.empty(len(reference), dtype=bool)
+    interval = RecallInterval(prompt_ids, n_boot, seed) if n_boot else None
+    for rows, d in distance_blocks(reference, generated):
+        covered_by = d <= radii[None, :]  # [rows, N_gen]: reference image i in generated image j's ball
+        recalled[rows] = covered_by.any(1)
+        if interval is not None:
+            interval.add(covered_by)
+    return in_reference, recalled, None if interval is None else interval.result()
 
 
-def recall_interval(covered_by: np.ndarray, prompt_ids: Sequence[str], n_boot: int, seed: int = SEED) -> list[float] | None:
-    """95 % interval of recall over prompt resamples of the generated set: a reference image is recalled when a drawn
-    image's ball covers it (the radii stay those of the full generated set, so only the drawn balls change)."""
-    if n_boot == 0:
-        return None
-    res = Resamples.draw(prompt_ids, n_boot, seed)
-    by_prompt = np.zeros((covered_by.shape[0], res.counts.shape[1]))
-    np.add.at(by_prompt.T, res.index, covered_by.T.astype(float))  # [N_ref, prompts]: covering images of the prompt
-    return percentile_interval(((by_prompt @ res.counts.T) > 0).mean(0))
+class RecallInterval:
+    """95 % interval of recall over prompt resamples of the generated set: a reference image is recalled in a
+    resample when a drawn image's ball covers it (the radii stay those of the full generated set, so only the drawn
+    balls change). Fed the coverage ``[rows, N_gen]`` a block of reference images at a time (:meth:`add`), it keeps
+    one count per resample."""
+
+    def __init__(self, prompt_ids: Sequence[str], n_boot: int, seed: int = SEED) -> None:
+        self.res = Resamples.draw(prompt_ids, n_boot, seed)
+        self.order = np.argsort(self.res.index, kind="stable")  # the generated images grouped by prompt
+        self.starts = np.flatnonzero(np.r_[True, np.diff(self.res.index[self.order]) != 0])
+        self.recalled = np.zeros(n_boot, dtype=np.int64)
+        self.n = 0
+
+    def add(self, covered_by: np.ndarray) -> None:
+        # [rows, prompts]: how many images of each prompt cover each reference image
+        by_prompt = np.add.reduceat(covered_by[:, self.order].astype(float), self.starts, axis=1)
+        self.recalled += ((by_prompt @ self.res.counts.T) > 0).sum(0)
+        self.n += len(covered_by)
+
+    def result(self) -> list[float]:
+        return percentile_interval(self.recalled / self.n)
 
 
 # ------------------------------------------------------------------------------------------- metrics

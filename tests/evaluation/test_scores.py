@@ -18,7 +18,7 @@ from csd.errors import MissingWeightsError
 from csd.evaluation import inception_metrics as im
 from csd.evaluation import preference as pref
 from csd.evaluation.context import EvalContext
-from csd.evaluation.intervals import paired_difference, run_intervals
+from csd.evaluation.intervals import Resamples, paired_difference, percentile_interval, run_intervals
 from csd.evaluation.metrics import check_files
 from tests.evaluation.test_eval_clip import TINY_CLIP
 from tests.evaluation.test_eval_fixtures import make_run, solid_image
@@ -93,15 +93,68 @@ def test_inception_score_metric_on_a_stand_in_network(tmp_path: Path, monkeypatc
 def test_precision_and_recall_on_points_with_known_answers() -> None:
     reference = np.array([[0.0, 0], [1, 0], [2, 0], [3, 0]])  # k = 1: every radius 1
     generated = np.array([[0.5, 0], [10, 0], [10.5, 0], [11, 0]])  # radii 9.5 (first), 0.5, 0.5, 0.5
-    in_ref, covered_by = im.precision_recall(generated, reference, k=1)
+    in_ref, recalled, interval = im.precision_recall(generated, reference, k=1)
     assert in_ref.tolist() == [True, False, False, False]  # precision 1/4
-    assert covered_by.any(1).tolist() == [True, True, True, True]  # the first ball (9.5) covers every reference: 1
-    assert covered_by[:, 1:].any() == False  # noqa: E712  the far cluster covers none of them
+    assert recalled.tolist() == [True, True, True, True] and interval is None  # the first ball (9.5) covers all: 1
+    assert not im.inside(reference, generated[1:], np.full(3, 0.5)).any()  # the far cluster covers none of them
     assert im.knn_radii(reference, 3).tolist() == [3, 2, 2, 3]
     ids = ["a", "b", "b", "b"]
-    assert im.recall_interval(covered_by, ids, 100) == [0.0, 1.0]  # without prompt a, nothing is recalled
+    assert im.precision_recall(generated, reference, 1, ids, 100)[2] == [0.0, 1.0]  # without prompt a, none recalled
     with pytest.raises(ValueError, match="more than k=3"):
         im.knn_radii(reference[:3], 3)
+
+
+def full_matrix_precision_recall(generated: np.ndarray, reference: np.ndarray, k: int, ids: list[str],
+                                 n_boot: int) -> tuple[np.ndarray, np.ndarray, list[float]]:
+    """The definition on whole distance matrices (the implementation the blocked one replaced)."""
+    def dist(a, b):
+        return torch.cdist(torch.from_numpy(a), torch.from_numpy(b)).numpy()
+
+    def radii(x):
+        return np.partition(dist(x, x), k, axis=1)[:, k]
+
+    in_ref = (dist(generated, reference) <= radii(reference)[None]).any(1)
+    covered_by = dist(reference, generated) <= radii(generated)[None]
+    res = Resamples.draw(ids, n_boot)
+    by_prompt = np.zeros((covered_by.shape[0], res.counts.shape[1]))
+    np.add.at(by_prompt.T, res.index, covered_by.T.astype(float))
+    return in_ref, covered_by.any(1), percentile_interval(((by_prompt @ res.counts.T) > 0).mean(0))
+
+
+@pytest.mark.parametrize("block_bytes", [im.BLOCK_BYTES, 8 * 60 * 7, 8 * 60])
+def test_blocked_precision_and_recall_equal_the_full_matrices_to_the_last_bit(block_bytes, monkeypatch) -> None:
+    """In blocks of 7 and of 1 row (as at 50k images with the default budget) and in one block: the manifolds, the
+    per-image values and the recall interval equal the full-matrix computation's exactly (features with repeated
+    points, so ties at the radius count)."""
+    rng = np.random.default_rng(3)
+    generated = np.round(rng.normal(size=(60, 5)), 1)
+    generated[10:14] = generated[0]
+    reference = np.round(rng.normal(size=(50, 5)) + 0.3, 1)
+    reference[5] = generated[3]
+    ids = [f"p{i // 3}" for i in range(60)]
+    monkeypatch.setattr(im, "BLOCK_BYTES", block_bytes)
+    in_ref, recalled, interval = im.precision_recall(generated, reference, 3, ids, 200)
+    want = full_matrix_precision_recall(generated, reference, 3, ids, 200)
+    assert np.array_equal(in_ref, want[0]) and np.array_equal(recalled, want[1]) and interval == want[2]
+    assert 0 < in_ref.mean() < 1 and 0 < recalled.mean() < 1
+
+
+def test_precision_and_recall_memory_grows_with_the_block_not_the_square(monkeypatch) -> None:
+    """2,000 generated and 2,000 reference images, a 1 MB block budget: the numpy memory peak (tracemalloc) stays
+    a few blocks, where one 2,000 x 2,000 float64 matrix alone is 32 MB (50k images: 20 GB)."""
+    import tracemalloc
+
+    rng = np.random.default_rng(0)
+    generated, reference = rng.normal(size=(2000, 8)), rng.normal(size=(2000, 8))
+    ids = [f"p{i}" for i in range(2000)]
+    monkeypatch.setattr(im, "BLOCK_BYTES", 2**20)
+    tracemalloc.start()
+    try:
+        im.precision_recall(generated, reference, 3, ids, 20)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 * 2**20
 
 
 def test_precision_has_per_image_values_intervals_and_paired_deltas() -> None:
@@ -130,6 +183,58 @@ def test_precision_recall_metric_reads_the_reference_folder(tmp_path: Path, monk
     assert out.per_image["in_reference_manifold"][:4] == [1, 1, 1, 1]
     assert out.metrics["precision"] == pytest.approx(np.mean(out.per_image["in_reference_manifold"]))
     assert out.metrics["recall"] == 1.0 and out.protocol["precision_recall"]["n_reference"] == 4
+
+
+def test_precision_recall_reference_features_are_cached_like_fids(tmp_path: Path, monkeypatch) -> None:
+    """A second evaluation against the same reference reads its features from FID's cache directory (only the run's
+    images go through the network); a reference file replaced by another image, or a network with other weights under
+    the same name, extracts them again; no cache directory, no file."""
+    from csd.evaluation import precision_recall
+
+    seen: list[int] = []
+    scale = {"value": 5.0}
+
+    class Counting(TinyInception):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            seen.append(len(x))
+            return super().forward(x) * scale["value"]
+
+    def network(output, weights, key):
+        net = Counting(4)
+        with torch.no_grad():
+            net.proj.bias.fill_(scale["value"])
+        return net
+
+    monkeypatch.setattr(precision_recall, "inception_network", network)
+    ctx, images = colour_run(tmp_path)
+    ref = tmp_path / "ref"
+    ref.mkdir()
+    for i, img in enumerate(images[:4]):
+        Image.fromarray(img).save(ref / f"{i}.png")
+    with open_dict(ctx.eval):
+        ctx.eval.fid.reference_dir = str(ref)
+        ctx.eval.fid.cache_dir = str(tmp_path / "cache")
+        ctx.eval.precision_recall.k = 1
+
+    def evaluate():
+        seen.clear()
+        out = precision_recall.precision_recall_metric(ctx)
+        return out, sum(seen), out.protocol["precision_recall"]["reference_cached"]
+
+    first, n, cached = evaluate()
+    assert (n, cached) == (8 + 4, False)
+    second, n, cached = evaluate()
+    assert (n, cached) == (8, True) and second.metrics == first.metrics and second.intervals == first.intervals
+    Image.fromarray(images[7]).save(ref / "0.png")  # the same size, another image
+    third, n, cached = evaluate()
+    assert (n, cached) == (8 + 4, False) and third.metrics != first.metrics
+    scale["value"] = 6.0  # other weights, the same network name
+    assert evaluate()[1:] == (8 + 4, False)
+    assert evaluate()[1:] == (8, True)
+    with open_dict(ctx.eval):
+        ctx.eval.fid.cache_dir = None
+    files = set((tmp_path / "cache").iterdir())
+    assert evaluate()[1:] == (8 + 4, False) and set((tmp_path / "cache").iterdir()) == files
 
 
 def test_precision_recall_on_vgg16_features_resizes_every_image_to_224(tmp_path: Path, monkeypatch) -> None:
