@@ -141,7 +141,7 @@ SCHEMA: dict[str, Spec | ByTarget] = {
     "model.vqgan_ckpt": Str(),
     "model.resolution": Int(min=16),
     "model.jacobi_tail": Int(min=0),
-    "model.layers": Int(min=1),
+    "model.layers": Int(min=1, null="for the checkpoint's depth"),
     "model.ratio": Str(),
     "model.image_area": Int(min=1),
     "model.positive_suffix": Str(),

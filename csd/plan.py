@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from csd.adapters.shapes import EMU3_GRID, REAL_SHAPES, real_janus_config, real_text_config
 from csd.cache import default_cache_len
 from csd.device import GB, available_memory, gb
 
@@ -41,25 +42,6 @@ FP32_COPIES = 6
 CUDA_RESERVE_GB = 1.0
 #: the largest batch the planner searches
 MAX_BATCH = 4096
-
-#: Transformer shapes of the real checkpoints (their transformers ``config.json`` on the Hugging Face hub; used
-#: offline, no file is read): hidden, intermediate, layers, attention heads, KV heads, text vocabulary.
-REAL_SHAPES: dict[str, dict[str, int]] = {
-    # deepseek-community/Janus-Pro-7B config.json, text_config (DeepSeek-LLM 7B)
-    "janus_pro_7b": dict(hidden=4096, intermediate=11008, layers=30, heads=32, kv_heads=32, vocab=102400),
-    # deepseek-community/Janus-Pro-1B config.json, text_config (DeepSeek-LLM 1.3B)
-    "janus_pro_1b": dict(hidden=2048, intermediate=5632, layers=24, heads=16, kv_heads=16, vocab=102400),
-    # Alpha-VLLM/Lumina-mGPT-7B-768 config.json (Chameleon 7B; the same for 512 and 1024 px)
-    "lumina_mgpt_7b": dict(hidden=4096, intermediate=11008, layers=32, heads=32, kv_heads=32, vocab=65536),
-    # Anole-7B = Chameleon-7B with fine-tuned image-token rows of the output head (GAIR-NLP/anole README,
-    # "Methodology"); Chameleon-7B's shapes as torchtune's chameleon_7b builder states them
-    "anole_7b": dict(hidden=4096, intermediate=11008, layers=32, heads=32, kv_heads=32, vocab=65536),
-    # BAAI/Emu3-Gen-hf config.json, text_config (grouped-query attention: 8 KV heads)
-    "emu3_gen": dict(hidden=4096, intermediate=14336, layers=32, heads=32, kv_heads=8, vocab=184622),
-}
-#: Emu3-Gen's image grid at 720x720 px (image_area 518400) with its 8x spatial downsampling: 90 x 90 tokens
-EMU3_GRID = (90, 90)
-
 
 @dataclass(frozen=True)
 class ModelShape:
@@ -107,25 +89,15 @@ def decoder_dims(text: Any) -> dict[str, int]:
                 intermediate=text.intermediate_size)
 
 
-def real_janus_config(name: str) -> Any:
-    """A Janus-Pro config of the real shape (:data:`REAL_SHAPES`; 24x24 image tokens, 16384 codes), no file read."""
-    from transformers import JanusConfig
-
-    s = REAL_SHAPES[name]
-    text = dict(model_type="llama", vocab_size=s["vocab"], hidden_size=s["hidden"], intermediate_size=s["intermediate"],
-                num_hidden_layers=s["layers"], num_attention_heads=s["heads"], num_key_value_heads=s["kv_heads"],
-                max_position_embeddings=16384)
-    vq = dict(num_embeddings=16384, num_patches=24, projection_dim=s["hidden"], image_token_embed_dim=s["hidden"])
-    return JanusConfig(text_config=text, vision_config=dict(projection_dim=s["hidden"]), vq_config=vq)
-
-
 def janus_config(model: DictConfig) -> tuple[Any, str]:
     """The tiny config (its generator's arguments) or the real shape of :data:`REAL_SHAPES`."""
     from csd.adapters.janus import tiny_janus_config
 
     if model.name not in REAL_SHAPES:
         return tiny_janus_config(model.grid, model.codebook), "tiny config"
-    return real_janus_config(model.name), "REAL_SHAPES (hub config.json)"
+    layers = model.get("layers")
+    source = "REAL_SHAPES (hub config.json)" + ("" if layers is None else f", {layers} decoder layers (the rehearsal)")
+    return real_janus_config(model.name, layers), source
 
 
 def janus_shape(model: DictConfig) -> dict[str, Any]:
@@ -137,12 +109,6 @@ def janus_shape(model: DictConfig) -> dict[str, Any]:
                 logit_columns=config.vq_config.num_embeddings, image_vocab=config.vq_config.num_embeddings,
                 body_len=side * side, grid=(side, side), prompt_len=PROMPT_LEN,
                 caption_positions=config.text_config.max_position_embeddings)
-
-
-def real_text_config(name: str) -> dict[str, int]:
-    s = REAL_SHAPES[name]
-    return dict(vocab_size=s["vocab"], hidden_size=s["hidden"], intermediate_size=s["intermediate"],
-                num_hidden_layers=s["layers"], num_attention_heads=s["heads"], num_key_value_heads=s["kv_heads"])
 
 
 def chameleon_shape(model: DictConfig, real: str, real_grid: tuple[int, int] | None,

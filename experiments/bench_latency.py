@@ -13,7 +13,7 @@ Measures, for one Janus-Pro model config:
 Weights: random weights of the real shape change no per-step cost (only how many steps speculative
 decoding needs, so SJD/CSD step compression is meaningful with ``--weights`` only). Without
 ``--weights`` the model is built from the config's ``config.json`` when it is available offline,
-else from the Janus-Pro-7B / 1B shapes of ``csd.plan.REAL_SHAPES``. Prompts are then synthetic ids of ``--prompt-len``.
+else from the Janus-Pro-7B / 1B shapes of ``csd.adapters.shapes.REAL_SHAPES``. Prompts are then synthetic ids of ``--prompt-len``.
 
 GPU (one H200, 7B shape, ~5 min of which ~130 s compile)::
 
@@ -32,12 +32,11 @@ if __spec__ is None:  # run by path: refused in one line naming the `python -m` 
     refuse_path_run(__file__)
 
 import argparse
-import contextlib
 import json
 import platform
 import statistics
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -48,14 +47,14 @@ from torch._dynamo.utils import counters
 from transformers import JanusConfig, JanusForConditionalGeneration
 
 from csd.acceptance import CSD, SJD, AcceptanceRule, entropy
-from csd.adapters.base import SamplingConfig
+from csd.adapters.base import SamplingConfig, default_dtype
 from csd.adapters.janus import JanusAdapter, load_janus_adapter, tiny_janus_adapter
+from csd.adapters.shapes import real_janus_config
 from csd.device import resolve_device, synchronize
 from csd.drafters.chain import ChainDrafter
 from csd.engine import JacobiEngine
 from csd.fast import CompiledStep
 from csd.hub import load_local_first
-from csd.plan import real_janus_config
 from csd.presets import CONF_DIR
 from csd.ragged import SlotBatch
 from csd.verify import verify_window
@@ -63,7 +62,7 @@ from csd.verify import verify_window
 #: where results go without ``--out``: untracked, so a benchmark never overwrites the committed ``results/bench/``
 DEFAULT_OUT = Path("runs/bench")
 
-#: the Janus-Pro configs with a real shape for offline runs without any model file (csd.plan.REAL_SHAPES)
+#: the Janus-Pro configs with a real shape for offline runs without any model file (csd.adapters.shapes.REAL_SHAPES)
 JANUS_PRO_SHAPES = ("janus_pro_7b", "janus_pro_1b")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 #: synthetic prompt ids: BOS, pad and BOI, then caption bytes from SYNTH_BYTE0
@@ -72,16 +71,6 @@ CAPTION = "a photo of a red fox sitting in the snow next to a wooden cabin, gold
 
 
 # ------------------------------------------------------------------------------------------- models
-
-
-@contextlib.contextmanager
-def default_dtype(dtype: torch.dtype) -> Iterator[None]:
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(previous)
 
 
 def synthetic_encoder(vocab: int) -> Callable[[str], torch.Tensor]:
@@ -96,14 +85,14 @@ def synthetic_encoder(vocab: int) -> Callable[[str], torch.Tensor]:
 def random_janus(
     name: str, path: str, dtype: torch.dtype, device: torch.device
 ) -> tuple[JanusForConditionalGeneration, str]:
-    """Random weights of the real shape: from ``path``'s config.json when available, else csd.plan.REAL_SHAPES."""
+    """Random weights of the real shape: from ``path``'s config.json when available, else csd.adapters.shapes.REAL_SHAPES."""
     try:
         config = load_local_first(lambda: JanusConfig.from_pretrained(path))
         source = f"config.json of {path}"
     except (OSError, ValueError):  # hub clients raise OSError / HFValidationError subclasses
         if name not in JANUS_PRO_SHAPES:
             raise
-        config, source = real_janus_config(name), "csd.plan.REAL_SHAPES"
+        config, source = real_janus_config(name), "csd.adapters.shapes.REAL_SHAPES"
     with default_dtype(dtype), device:
         model = JanusForConditionalGeneration(config)
     return model, f"random weights ({source})"

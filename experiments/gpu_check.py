@@ -1,6 +1,6 @@
 """One GPU check (docs/PERFORMANCE.md, "On a GPU"): everything a session with a lent GPU must measure, in one call.
 
-A Janus-Pro-7B-shaped model with random bf16 weights (the shape of ``csd.plan.REAL_SHAPES``, nothing downloaded)
+A Janus-Pro-7B-shaped model with random bf16 weights (the shape of ``csd.adapters.shapes.REAL_SHAPES``, nothing downloaded)
 on the compiled path (inductor, CUDA graphs) and the eager one:
 
 * ``floor``: the memory-bandwidth floor per step, step weights / 4.8 TB/s (the H200's HBM3e bandwidth, NVIDIA's

@@ -22,11 +22,13 @@ from csd.adapters.base import (
     ModelAdapter,
     SamplingConfig,
     checks_weights,
+    default_dtype,
     resolve_dtype,
     to_uint8,
 )
+from csd.adapters.shapes import JANUS_HUB_SHAPES, JANUS_STAND_IN_SPECIAL, real_janus_config, stand_in_ids
 from csd.cache import RaggedCache
-from csd.errors import MissingWeightsError
+from csd.errors import ConfigError, MissingWeightsError
 from csd.hub import download_command, load_local_first, model_files_present
 
 PromptEncoder = Callable[[str], torch.Tensor]
@@ -119,10 +121,39 @@ def janus_missing(path: str) -> MissingWeightsError:
     )
 
 
-def check_janus_files(path: str, **_: object) -> None:
-    """:func:`load_janus_adapter`'s weights check (``csd.adapters.base.checks_weights``)."""
-    if not model_files_present(path):
+def check_janus_files(path: str, random_init: bool = False, layers: int | None = None, **_: object) -> None:
+    """:func:`load_janus_adapter`'s files check (``csd.adapters.base.checks_weights``): the checkpoint, or with
+    ``random_init`` a local directory's config or a known hub id's shape; ``layers`` only with ``random_init``."""
+    if layers is not None and not random_init:
+        raise ConfigError(f"model.layers={layers} builds that many decoder layers of random weights (the rehearsal): "
+                          "set model.random_init=true too, or model.layers=null for the checkpoint")
+    if random_init:
+        rehearsal_source(path)
+    elif not model_files_present(path):
         raise janus_missing(path)
+
+
+def rehearsal_source(path: str) -> str | None:
+    """Where the rehearsal's shape comes from: the :data:`csd.adapters.shapes.REAL_SHAPES` entry of a known hub id
+    (no file read), or None for a local directory (its ``config.json`` and processor files); else one line."""
+    if os.path.isdir(os.path.expanduser(path)):
+        return None
+    if path in JANUS_HUB_SHAPES:
+        return JANUS_HUB_SHAPES[path]
+    raise MissingWeightsError(f"model.random_init=true builds the shape of a local checkpoint directory or of "
+                              f"{' / '.join(JANUS_HUB_SHAPES)} (no file read); model.path={path!r} is neither")
+
+
+def stand_in_encoder(vocab_end: int) -> PromptEncoder:
+    """The rehearsal's prompts without the tokenizer's files: Janus's template (BOS, ``<|User|>: {caption}\n\n
+    <|Assistant|>:``, image start) with :func:`csd.adapters.shapes.stand_in_ids` below ``vocab_end`` (the ids before
+    the tokenizer's special tokens), so a caption has about its real length."""
+    bos, _, boi = JANUS_STAND_IN_SPECIAL
+
+    def encode(caption: str) -> torch.Tensor:
+        return torch.tensor([bos, *stand_in_ids(f"<|User|>: {caption}\n\n<|Assistant|>:", vocab_end), boi])
+
+    return encode
 
 
 @checks_weights(check_janus_files)
@@ -134,12 +165,21 @@ def load_janus_adapter(
     dtype: str = "bfloat16",
     device: str = "cpu",
     random_init: bool = False,
+    layers: int | None = None,
     **_: object,
 ) -> JanusAdapter:
-    """Janus-Pro from a hub id or local directory (``random_init``: the real shape with random weights,
-    for latency benchmarks; needs only the config)."""
+    """Janus-Pro from a hub id or local directory. ``random_init``: the rehearsal (docs/MODELS.md, "Rehearsal"), the
+    real shape with random weights and ``layers`` decoder layers (None: all), no weight read: a local directory's
+    config and processor, or a known hub id's shape (:func:`rehearsal_source`) with the stand-in tokenizer."""
     from transformers import JanusProcessor
 
+    check_janus_files(path, random_init, layers)
+    if random_init and rehearsal_source(path) is not None:
+        config = real_janus_config(rehearsal_source(path), layers)
+        with default_dtype(resolve_dtype(dtype)), torch.device(device):
+            model = JanusForConditionalGeneration(config)
+        sampling = SamplingConfig(guidance_scale=guidance_scale, top_k=top_k, temperature=temperature)
+        return JanusAdapter(model, stand_in_encoder(JANUS_STAND_IN_SPECIAL[0]), JANUS_STAND_IN_SPECIAL, sampling)
     missing = janus_missing(path)
     if path.startswith(("/", ".", "~")) and not os.path.isdir(os.path.expanduser(path)):
         raise missing
@@ -148,7 +188,10 @@ def load_janus_adapter(
         processor = JanusProcessor.from_pretrained(path)
         if random_init:
             config = JanusConfig.from_pretrained(path)
-            return processor, JanusForConditionalGeneration(config).to(resolve_dtype(dtype))
+            if layers is not None:
+                config.text_config.num_hidden_layers = layers
+            with default_dtype(resolve_dtype(dtype)):
+                return processor, JanusForConditionalGeneration(config)
         return processor, JanusForConditionalGeneration.from_pretrained(path, dtype=resolve_dtype(dtype))
 
     try:
