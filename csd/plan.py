@@ -125,8 +125,10 @@ def chameleon_shape(model: DictConfig, real: str, real_grid: tuple[int, int] | N
         config, _ = tiny_lumina_config(model.codes, model.seed)
         vqgan, (rows, cols), source = tiny_vqgan_config(model.codes), tuple(model.grid), "tiny config"
     else:  # the image vocabulary map only names the image token here: no tokenizer offline
-        config = ChameleonConfig(**real_text_config(real), vocabulary_map={"<image>": 8711})
-        vqgan, source = VQGANConfig(), "REAL_SHAPES (hub config.json)"
+        layers = model.get("layers")
+        config = ChameleonConfig(**real_text_config(real, layers), vocabulary_map={"<image>": 8711})
+        vqgan = VQGANConfig()
+        source = "REAL_SHAPES (hub config.json)" + ("" if layers is None else f", {layers} decoder layers (the rehearsal)")
         rows, cols = real_grid or (model.resolution // vqgan.downsample,) * 2
     lm = on_meta(ChameleonForConditionalGeneration, config)
     decoder = on_meta(VQGANDecoder, vqgan)

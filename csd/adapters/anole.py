@@ -28,6 +28,7 @@ from csd.adapters.lumina import (
     load_chameleon_adapter,
     tiny_chameleon_adapter,
 )
+from csd.adapters.shapes import ANOLE_HUB_SHAPES
 
 #: Anole's image grid: 1024 tokens decoded as 32 x 32 (GAIR-NLP/anole ``chameleon/inference/image_tokenizer.py``)
 ANOLE_GRID = (32, 32)
@@ -62,9 +63,10 @@ class AnoleAdapter(ChameleonAdapter):
         return self.bpe_to_code[ids.view(-1, self.rows, self.cols)]
 
 
-def check_anole_files(path: str, vqgan_config: str, vqgan_ckpt: str, **_: object) -> None:
+def check_anole_files(path: str, vqgan_config: str, vqgan_ckpt: str, random_init: bool = False,
+                      layers: int | None = None, **_: object) -> None:
     """:func:`load_anole_adapter`'s weights check (``csd.adapters.base.checks_weights``)."""
-    check_chameleon_files(path, vqgan_config, vqgan_ckpt, ANOLE_NAMES)
+    check_chameleon_files(path, vqgan_config, vqgan_ckpt, ANOLE_NAMES, ANOLE_HUB_SHAPES, random_init, layers)
 
 
 @checks_weights(check_anole_files)
@@ -73,7 +75,7 @@ def load_anole_adapter(path: str, vqgan_config: str, vqgan_ckpt: str, **params: 
     other keys are ``csd.adapters.lumina.load_chameleon_adapter``'s (CFG 3, top-k 2000, temperature 1, bf16, no
     plain-AR tail by default)."""
     return load_chameleon_adapter(AnoleAdapter, path, vqgan_config, vqgan_ckpt, lambda _: ANOLE_GRID, ANOLE_NAMES,
-                                  **params)
+                                  ANOLE_HUB_SHAPES, **params)
 
 
 def tiny_anole_adapter(**params: Any) -> AnoleAdapter:

@@ -26,9 +26,16 @@ from csd.adapters.base import (
     resolve_dtype,
     to_uint8,
 )
-from csd.adapters.shapes import JANUS_HUB_SHAPES, JANUS_STAND_IN_SPECIAL, real_janus_config, stand_in_ids
+from csd.adapters.shapes import (
+    JANUS_HUB_SHAPES,
+    JANUS_STAND_IN_SPECIAL,
+    check_layers,
+    real_janus_config,
+    rehearsal_shape,
+    stand_in_ids,
+)
 from csd.cache import RaggedCache
-from csd.errors import ConfigError, MissingWeightsError
+from csd.errors import MissingWeightsError
 from csd.hub import download_command, load_local_first, model_files_present
 
 PromptEncoder = Callable[[str], torch.Tensor]
@@ -124,24 +131,11 @@ def janus_missing(path: str) -> MissingWeightsError:
 def check_janus_files(path: str, random_init: bool = False, layers: int | None = None, **_: object) -> None:
     """:func:`load_janus_adapter`'s files check (``csd.adapters.base.checks_weights``): the checkpoint, or with
     ``random_init`` a local directory's config or a known hub id's shape; ``layers`` only with ``random_init``."""
-    if layers is not None and not random_init:
-        raise ConfigError(f"model.layers={layers} builds that many decoder layers of random weights (the rehearsal): "
-                          "set model.random_init=true too, or model.layers=null for the checkpoint")
+    check_layers(random_init, layers)
     if random_init:
-        rehearsal_source(path)
+        rehearsal_shape(path, JANUS_HUB_SHAPES)
     elif not model_files_present(path):
         raise janus_missing(path)
-
-
-def rehearsal_source(path: str) -> str | None:
-    """Where the rehearsal's shape comes from: the :data:`csd.adapters.shapes.REAL_SHAPES` entry of a known hub id
-    (no file read), or None for a local directory (its ``config.json`` and processor files); else one line."""
-    if os.path.isdir(os.path.expanduser(path)):
-        return None
-    if path in JANUS_HUB_SHAPES:
-        return JANUS_HUB_SHAPES[path]
-    raise MissingWeightsError(f"model.random_init=true builds the shape of a local checkpoint directory or of "
-                              f"{' / '.join(JANUS_HUB_SHAPES)} (no file read); model.path={path!r} is neither")
 
 
 def stand_in_encoder(vocab_end: int) -> PromptEncoder:
@@ -170,12 +164,13 @@ def load_janus_adapter(
 ) -> JanusAdapter:
     """Janus-Pro from a hub id or local directory. ``random_init``: the rehearsal (docs/MODELS.md, "Rehearsal"), the
     real shape with random weights and ``layers`` decoder layers (None: all), no weight read: a local directory's
-    config and processor, or a known hub id's shape (:func:`rehearsal_source`) with the stand-in tokenizer."""
+    config and processor, or a known hub id's shape (``csd.adapters.shapes.rehearsal_shape``) with the stand-in
+    tokenizer."""
     from transformers import JanusProcessor
 
     check_janus_files(path, random_init, layers)
-    if random_init and rehearsal_source(path) is not None:
-        config = real_janus_config(rehearsal_source(path), layers)
+    if random_init and rehearsal_shape(path, JANUS_HUB_SHAPES) is not None:
+        config = real_janus_config(rehearsal_shape(path, JANUS_HUB_SHAPES), layers)
         with default_dtype(resolve_dtype(dtype)), torch.device(device):
             model = JanusForConditionalGeneration(config)
         sampling = SamplingConfig(guidance_scale=guidance_scale, top_k=top_k, temperature=temperature)

@@ -40,7 +40,23 @@ import torch
 from torch import nn
 from transformers import ChameleonConfig, ChameleonForConditionalGeneration, PreTrainedModel
 
-from csd.adapters.base import BodyLayout, ModelAdapter, SamplingConfig, checks_weights, resolve_dtype
+from csd.adapters.base import (
+    BodyLayout,
+    ModelAdapter,
+    SamplingConfig,
+    checks_weights,
+    default_dtype,
+    resolve_dtype,
+)
+from csd.adapters.shapes import (
+    CHAMELEON_FIRST_TEXT_ID,
+    LUMINA_HUB_SHAPES,
+    chameleon_vocabulary_map,
+    check_layers,
+    real_text_config,
+    rehearsal_shape,
+    stand_in_ids,
+)
 from csd.adapters.vqgan import (
     META_VQGAN_SOURCE,
     VQGANConfig,
@@ -279,10 +295,11 @@ def _local_dir(path: str, what: str, hub_hint: str) -> str:
 
 
 def load_chameleon(
-    path: str, what: str, hub_hint: str, dtype: str, device: str
+    path: str, what: str, hub_hint: str, dtype: str, device: str, layers: int | None = None
 ) -> tuple[ChameleonForConditionalGeneration, ChameleonTokens, TextEncoder]:
     """A Chameleon-family checkpoint (a local directory or a hub id), its image-format token ids and its text
-    encoder (no special tokens added).
+    encoder (no special tokens added). ``layers`` (the rehearsal of a local directory): its config and tokenizer with
+    that many decoder layers of random weights (None: all), no weight read.
 
     Lumina-mGPT's q/k norms are converted (:func:`expand_qk_norms`); a checkpoint already in transformers' layout
     loads unchanged. Any other shape mismatch is an error; missing files raise ``MissingWeightsError`` naming
@@ -294,6 +311,12 @@ def load_chameleon(
     if not os.path.isfile(os.path.join(model_dir, "config.json")):
         raise MissingWeightsError(f"{model_dir!r} has no config.json; download {hub_hint} into it")
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    if layers is not None:
+        config = ChameleonConfig.from_pretrained(model_dir)
+        config.num_hidden_layers = layers
+        with default_dtype(resolve_dtype(dtype)), torch.device(device):
+            model = ChameleonForConditionalGeneration(config)
+        return model.eval(), ChameleonTokens.from_tokenizer(tokenizer), tokenizer_encoder(tokenizer)
     model, info = ChameleonForConditionalGeneration.from_pretrained(
         model_dir, dtype=resolve_dtype(dtype), ignore_mismatched_sizes=True, output_loading_info=True
     )
@@ -303,10 +326,15 @@ def load_chameleon(
     if unexpected:
         raise ValueError(f"{what} checkpoint: unexpected shape mismatches {unexpected[:5]}")
 
+    return model.to(device), ChameleonTokens.from_tokenizer(tokenizer), tokenizer_encoder(tokenizer)
+
+
+def tokenizer_encoder(tokenizer: Any) -> TextEncoder:
+    """Text -> ids of ``tokenizer`` without special tokens."""
     def encode(text: str) -> torch.Tensor:
         return torch.tensor(tokenizer.encode(text, add_special_tokens=False), dtype=torch.long)
 
-    return model.to(device), ChameleonTokens.from_tokenizer(tokenizer), encode
+    return encode
 
 
 def load_chameleon_adapter(
@@ -316,28 +344,63 @@ def load_chameleon_adapter(
     vqgan_ckpt: str,
     grid: Callable[[int], tuple[int, int]],
     names: tuple[str, str, str],
+    known: dict[str, str],
     guidance_scale: float = 3.0,
     top_k: int = 2000,
     temperature: float = 1.0,
     dtype: str = "bfloat16",
     device: str = "cpu",
     jacobi_tail: int = 0,
+    random_init: bool = False,
+    layers: int | None = None,
     **_: object,
 ) -> C:
     """A ``cls`` adapter on a Chameleon-family checkpoint (:func:`load_chameleon`) plus Meta's VQGAN decoder (fp32).
 
     ``grid(pixels per token)`` is the token grid; ``names`` = (the family's name, its hub repository, where its
-    VQGAN files come from), for the missing-files errors.
+    VQGAN files come from), for the missing-files errors. ``random_init``: the rehearsal (docs/MODELS.md,
+    "Rehearsal"), :func:`rehearsal_chameleon` for a known hub id (``known``: hub id -> its ``REAL_SHAPES`` entry), or a
+    local directory's config and tokenizer with random weights; ``layers`` decoder layers (None: all).
     """
-    what, hub_hint, vqgan_source = names
-    vqgan = load_vqgan_decoder(vqgan_config, vqgan_ckpt, device=device, dtype=torch.float32, source=vqgan_source)
-    model, tokens, encode = load_chameleon(path, what, hub_hint, dtype, device)
+    check_chameleon_files(path, vqgan_config, vqgan_ckpt, names, known, random_init, layers)
     sampling = SamplingConfig(guidance_scale=guidance_scale, top_k=top_k or 0, temperature=temperature)
+    if random_init:
+        vqgan = VQGANDecoder(VQGANConfig()).to(device=device).eval()  # Chameleon's released decoder shape, fp32
+        shape = rehearsal_shape(path, known)
+        if shape is not None:
+            model, tokens, encode = rehearsal_chameleon(shape, layers, dtype, device)
+        else:
+            model, tokens, encode = load_chameleon(path, names[0], names[1], dtype, device, layers)
+    else:
+        what, hub_hint, vqgan_source = names
+        vqgan = load_vqgan_decoder(vqgan_config, vqgan_ckpt, device=device, dtype=torch.float32, source=vqgan_source)
+        model, tokens, encode = load_chameleon(path, what, hub_hint, dtype, device)
     return cls(model, encode, tokens, vqgan, grid(vqgan.config.downsample), sampling, jacobi_tail)
 
 
-def check_chameleon_files(path: str, vqgan_config: str, vqgan_ckpt: str, names: tuple[str, str, str]) -> None:
-    """:func:`load_chameleon_adapter`'s missing-files errors (``names`` as there), without loading anything."""
+def rehearsal_chameleon(shape: str, layers: int | None, dtype: str,
+                        device: str) -> tuple[ChameleonForConditionalGeneration, ChameleonTokens, TextEncoder]:
+    """Chameleon-7B's shape (``REAL_SHAPES`` ``shape``) with ``layers`` decoder layers of random weights, no file read:
+    the image tokens of :func:`csd.adapters.shapes.chameleon_vocabulary_map`, the released image-format ids
+    (:class:`ChameleonTokens`' defaults) and the stand-in tokenizer above them."""
+    config = ChameleonConfig(**real_text_config(shape, layers), vocabulary_map=chameleon_vocabulary_map())
+    with default_dtype(resolve_dtype(dtype)), torch.device(device):
+        model = ChameleonForConditionalGeneration(config)
+
+    def encode(text: str) -> torch.Tensor:
+        return torch.tensor(stand_in_ids(text, config.vocab_size, CHAMELEON_FIRST_TEXT_ID), dtype=torch.long)
+
+    return model.eval(), ChameleonTokens(), encode
+
+
+def check_chameleon_files(path: str, vqgan_config: str, vqgan_ckpt: str, names: tuple[str, str, str],
+                          known: dict[str, str], random_init: bool = False, layers: int | None = None) -> None:
+    """:func:`load_chameleon_adapter`'s missing-files errors (``names`` as there), without loading anything: the
+    rehearsal (``random_init``) needs no VQGAN file and a known hub id (``known``) or a local directory."""
+    check_layers(random_init, layers)
+    if random_init:
+        rehearsal_shape(path, known)
+        return
     what, hub_hint, vqgan_source = names
     check_vqgan_files(vqgan_config, vqgan_ckpt, vqgan_source)
     check_model_dir(path, what, hub_hint)
@@ -348,9 +411,11 @@ def lumina_names(resolution: int) -> tuple[str, str, str]:
     return "Lumina-mGPT", f"Alpha-VLLM/Lumina-mGPT-7B-{resolution}", META_VQGAN_SOURCE
 
 
-def check_lumina_files(path: str, vqgan_config: str, vqgan_ckpt: str, resolution: int = 768, **_: object) -> None:
+def check_lumina_files(path: str, vqgan_config: str, vqgan_ckpt: str, resolution: int = 768, random_init: bool = False,
+                       layers: int | None = None, **_: object) -> None:
     """:func:`load_lumina_adapter`'s weights check (``csd.adapters.base.checks_weights``)."""
-    check_chameleon_files(path, vqgan_config, vqgan_ckpt, lumina_names(resolution))
+    check_chameleon_files(path, vqgan_config, vqgan_ckpt, lumina_names(resolution), LUMINA_HUB_SHAPES, random_init,
+                          layers)
 
 
 @checks_weights(check_lumina_files)
@@ -362,7 +427,7 @@ def load_lumina_adapter(path: str, vqgan_config: str, vqgan_ckpt: str, resolutio
     ``resolution`` must match the checkpoint (square images, ``resolution // 16`` tokens a side).
     """
     return load_chameleon_adapter(LuminaAdapter, path, vqgan_config, vqgan_ckpt, lambda px: (resolution // px,) * 2,
-                                  lumina_names(resolution), jacobi_tail=jacobi_tail, **params)
+                                  lumina_names(resolution), LUMINA_HUB_SHAPES, jacobi_tail=jacobi_tail, **params)
 
 
 # ------------------------------------------------------------------------------------ tiny test model

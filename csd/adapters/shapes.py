@@ -11,7 +11,10 @@ words and marks), so prompts, caches and CFG rows have their real lengths; the i
 from __future__ import annotations
 
 import hashlib
+import os
 import re
+
+from csd.errors import ConfigError, MissingWeightsError
 
 #: Transformer shapes of the real checkpoints (their transformers ``config.json`` on the Hugging Face hub; used
 #: offline, no file is read): hidden, intermediate, layers, attention heads, KV heads, text vocabulary.
@@ -30,8 +33,13 @@ REAL_SHAPES: dict[str, dict[str, int]] = {
 }
 #: Emu3-Gen's image grid at 720x720 px (image_area 518400) with its 8x spatial downsampling: 90 x 90 tokens
 EMU3_GRID = (90, 90)
-#: the hub checkpoints of the Janus-Pro presets and their :data:`REAL_SHAPES` entries
+#: the hub checkpoints of the presets and their :data:`REAL_SHAPES` entries
 JANUS_HUB_SHAPES = {"deepseek-community/Janus-Pro-7B": "janus_pro_7b", "deepseek-community/Janus-Pro-1B": "janus_pro_1b"}
+LUMINA_HUB_SHAPES = {f"Alpha-VLLM/Lumina-mGPT-7B-{px}": "lumina_mgpt_7b" for px in (512, 768, 1024)}
+ANOLE_HUB_SHAPES = {"leloy/Anole-7b-v0.1-hf": "anole_7b"}
+#: Chameleon's image tokens: 8192 codes at BPE ids 4 .. 8195 in the stand-in vocabulary (the released tokenizer holds
+#: them in that range too; its ``bpe2img`` permutation is read from the tokenizer when present); text ids from 9000
+CHAMELEON_FIRST_IMAGE_ID, CHAMELEON_CODES, CHAMELEON_FIRST_TEXT_ID = 4, 8192, 9000
 #: Janus-Pro's BOS (the DeepSeek tokenizer's ``<｜begin▁of▁sentence｜>``), pad and image-start ids in the rehearsal:
 #: BOS as the tokenizer has it; pad and ``<begin_of_image>`` stand-ins among its added tokens
 JANUS_STAND_IN_SPECIAL = (100000, 100015, 100016)
@@ -53,15 +61,41 @@ def real_janus_config(name: str, layers: int | None = None):  # -> transformers.
     return JanusConfig(text_config=text, vision_config=dict(projection_dim=s["hidden"]), vq_config=vq)
 
 
-def real_text_config(name: str) -> dict[str, int]:
-    """The transformers text-config keys of :data:`REAL_SHAPES` ``name``."""
+def real_text_config(name: str, layers: int | None = None) -> dict[str, int]:
+    """The transformers text-config keys of :data:`REAL_SHAPES` ``name``, with ``layers`` decoder layers (None: the
+    checkpoint's)."""
     s = REAL_SHAPES[name]
     return dict(vocab_size=s["vocab"], hidden_size=s["hidden"], intermediate_size=s["intermediate"],
-                num_hidden_layers=s["layers"], num_attention_heads=s["heads"], num_key_value_heads=s["kv_heads"])
+                num_hidden_layers=layers or s["layers"], num_attention_heads=s["heads"], num_key_value_heads=s["kv_heads"])
 
 
-def stand_in_ids(text: str, end: int) -> list[int]:
-    """One id per word or punctuation mark of ``text``, a stable hash of it into ``[STAND_IN_FIRST_ID, end)``."""
-    span = end - STAND_IN_FIRST_ID
-    return [STAND_IN_FIRST_ID + int.from_bytes(hashlib.sha1(w.encode()).digest()[:8], "little") % span
+def chameleon_vocabulary_map() -> dict[str, int]:
+    """The stand-in ``vocabulary_map`` of a Chameleon rehearsal: ``<image>`` and the image tokens, named as the
+    released tokenizer names them (``IMGIMG`` + the code's digits as letters A-J + ``Z``)."""
+    names = {"IMGIMG" + "".join(chr(ord("A") + int(d)) for d in str(code)) + "Z": CHAMELEON_FIRST_IMAGE_ID + code
+             for code in range(CHAMELEON_CODES)}
+    return {"<image>": 8711, **names}
+
+
+def check_layers(random_init: bool, layers: int | None) -> None:
+    """``model.layers`` is the rehearsal's: one line when it comes without ``model.random_init=true``."""
+    if layers is not None and not random_init:
+        raise ConfigError(f"model.layers={layers} builds that many decoder layers of random weights (the rehearsal): "
+                          "set model.random_init=true too, or model.layers=null for the checkpoint")
+
+
+def rehearsal_shape(path: str, known: dict[str, str]) -> str | None:
+    """Where the rehearsal's shape comes from: the :data:`REAL_SHAPES` entry of a known hub id ``path`` (``known``: hub
+    id -> entry; no file read), or None for a local directory (its config); else one line."""
+    if os.path.isdir(os.path.expanduser(path)):
+        return None
+    if path in known:
+        return known[path]
+    raise MissingWeightsError(f"model.random_init=true builds the shape of a local checkpoint directory or of "
+                              f"{' / '.join(known)} (no file read); model.path={path!r} is neither")
+
+
+def stand_in_ids(text: str, end: int, first: int = STAND_IN_FIRST_ID) -> list[int]:
+    """One id per word or punctuation mark of ``text``, a stable hash of it into ``[first, end)``."""
+    return [first + int.from_bytes(hashlib.sha1(w.encode()).digest()[:8], "little") % (end - first)
             for w in _WORDS.findall(text)]

@@ -15,7 +15,7 @@ import pytest
 import torch
 from omegaconf import open_dict
 from PIL import Image
-from transformers import JanusConfig, JanusProcessor, PreTrainedModel
+from transformers import AutoTokenizer, ChameleonConfig, JanusConfig, JanusProcessor, PreTrainedModel
 
 from csd.compose import Models, check_weights
 from csd.drafters.eagle import EagleHead, head_config, save_head
@@ -50,7 +50,7 @@ def no_file_reads(monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(*args, **kwargs):
         raise AssertionError(f"the rehearsal read a file: {args}")
 
-    for cls in (PreTrainedModel, JanusConfig, JanusProcessor):
+    for cls in (PreTrainedModel, JanusConfig, JanusProcessor, ChameleonConfig, AutoTokenizer):
         monkeypatch.setattr(cls, "from_pretrained", classmethod(refuse))
 
 
@@ -91,14 +91,45 @@ def test_the_rehearsal_runs_the_pipeline_end_to_end(tmp_path: Path, models) -> N
     assert (report / "table_janus_pro_1b.md").exists()
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize(("model", "length", "prompt_row"), [("lumina_mgpt_7b_512", 1060, (20, 40)),
+                                                           ("anole_7b", 1024, (12, 30))])
+def test_the_chameleon_rehearsal_has_the_real_shape_and_decodes_real_pixels(model, length, prompt_row,
+                                                                            monkeypatch) -> None:
+    """Lumina-mGPT (512 px: header, 32 rows of 32 codes and an end-of-line token, ``<eoss>``; an empty unconditional
+    prompt) and Anole (32 x 32 raster; its two-token unconditional prompt) on Chameleon-7B's shape with one decoder
+    layer and Meta's VQGAN decoder shape (fp32), no file read: a body of random codes decodes to 512 x 512 pixels; the
+    plan's weights are the built ones."""
+    no_file_reads(monkeypatch)
+    cfg = rehearsal_cfg(model, None)
+    check_weights(cfg.model)
+    adapter = Models().adapter(cfg.model, CPU)
+    text = adapter.decoder().config
+    assert (text.hidden_size, text.num_hidden_layers, text.vocab_size) == (4096, 1, 65536) and adapter.vocab_size == 8192
+    assert adapter.layout.length == length and adapter.layout.grid == (32, 32) and adapter.uses_cfg
+    rows = adapter.prompt_rows("A man riding a wave on top of a surfboard, with a blue sky behind him.")
+    assert prompt_row[0] <= len(rows[0]) <= prompt_row[1] and len(rows[1]) == (0 if model.startswith("lumina") else 2)
+    forced = adapter.layout.forced_ids
+    codes = torch.randint(0, adapter.vocab_size, (length,), generator=torch.Generator().manual_seed(0))
+    assert adapter.decode_images(torch.where(forced < 0, adapter.image_token_ids[codes], forced)[None]).shape == (
+        1, 512, 512, 3)
+    planned = config_plan(cfg)[0].shape.weight_bytes
+    assert abs(planned - module_bytes(adapter.model) - module_bytes(adapter.vqgan, torch.float32)) < 1024
+
+
 @pytest.mark.parametrize(("overrides", "message"), [
     (["model.layers=1"], "model.layers=1 builds that many decoder layers of random weights (the rehearsal): set "
                          "model.random_init=true too"),
     (["model.random_init=true", "model.path=/nowhere"],
      "model.random_init=true builds the shape of a local checkpoint directory or of deepseek-community/Janus-Pro-7B / "
      "deepseek-community/Janus-Pro-1B (no file read); model.path='/nowhere' is neither"),
+    (["model=anole_7b", "model.layers=2"], "model.layers=2 builds that many decoder layers of random weights"),
+    (["model=lumina_mgpt_7b", "model.random_init=true", "model.path=org/other"],
+     "model.random_init=true builds the shape of a local checkpoint directory or of Alpha-VLLM/Lumina-mGPT-7B-512 / "
+     "Alpha-VLLM/Lumina-mGPT-7B-768 / Alpha-VLLM/Lumina-mGPT-7B-1024 (no file read); model.path='org/other' is neither"),
 ])
 def test_a_rehearsal_setting_without_its_counterpart_is_one_line(overrides, message) -> None:
+    """Before anything loads (the files check every run makes first)."""
     with pytest.raises((ConfigError, MissingWeightsError), match=re.escape(message)) as err:
         check_weights(make_cfg("model=janus_pro_7b", *overrides).model)
     assert "\n" not in str(err.value)
@@ -115,8 +146,10 @@ METHODS = {
 
 
 @pytest.mark.rehearsal
-@pytest.mark.parametrize("model", ["janus_pro_1b", "janus_pro_7b"])
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize(("model", "method"), [
+    *((model, method) for model in ("janus_pro_1b", "janus_pro_7b") for method in METHODS),
+    *((model, method) for model in ("lumina_mgpt_7b_512", "anole_7b") for method in ("sjd", "pjd")),
+])
 def test_every_decoding_family_rehearses_at_batch_1_and_2(model, method, tmp_path: Path) -> None:
     """The real width in fp32 (batch 2 decodes each image as batch 1, token for token), one decoder layer; EAGLE
     on a head of random weights of the target's width (SJD-PAC's trees run at batch 1 only)."""
@@ -133,5 +166,6 @@ def test_every_decoding_family_rehearses_at_batch_1_and_2(model, method, tmp_pat
         runs[batch] = generate_run(cfg, models)
         evaluate_run(runs[batch], cfg)
     tokens = [{r["prompt_id"]: r["tokens"] for r in load_records(run)} for run in runs.values()]
-    assert all(t == tokens[0] for t in tokens) and all(len(v) == 576 for v in tokens[0].values())
+    length = models.adapter(rehearsal_cfg(model, None, *overrides).model, CPU).layout.length
+    assert all(t == tokens[0] for t in tokens) and all(len(v) == length for v in tokens[0].values())
     assert (build_report(list(runs.values()), rehearsal_cfg(model, None, *overrides)) / f"table_{model}.md").exists()
