@@ -157,8 +157,10 @@ def emu3_shape(model: DictConfig) -> dict[str, Any]:
     if model.name == "emu3_tiny":
         config, (rows, cols), source = tiny_emu3_config(model.codes, model.seed), tuple(model.grid), "tiny config"
     else:  # only the end-of-line name is read at construction
-        config = Emu3Config(text_config=real_text_config("emu3_gen"), vocabulary_map={"<|extra_200|>": 151846})
-        (rows, cols), source = EMU3_GRID, "REAL_SHAPES (hub config.json)"
+        layers = model.get("layers")
+        config = Emu3Config(text_config=real_text_config("emu3_gen", layers), vocabulary_map={"<|extra_200|>": 151846})
+        (rows, cols) = EMU3_GRID
+        source = "REAL_SHAPES (hub config.json)" + ("" if layers is None else f", {layers} decoder layers (the rehearsal)")
     return dict(model=on_meta(Emu3ForConditionalGeneration, config), text=config.text_config, source=source,
                 logit_columns=config.text_config.vocab_size, image_vocab=config.vq_config.codebook_size,
                 body_len=rows * (cols + 1) + 2, grid=(rows, cols), prompt_len=PROMPT_LEN,

@@ -22,10 +22,28 @@ from collections.abc import Callable
 import torch
 from transformers import Emu3Config, Emu3ForConditionalGeneration
 
-from csd.adapters.base import BodyLayout, SamplingConfig, checks_weights, resolve_dtype, to_uint8
+from csd.adapters.base import (
+    BodyLayout,
+    SamplingConfig,
+    checks_weights,
+    default_dtype,
+    resolve_dtype,
+    to_uint8,
+)
 from csd.adapters.lumina import CFGRowsAdapter, _local_dir, check_model_dir
+from csd.adapters.shapes import (
+    EMU3_HUB_SHAPES,
+    EMU3_STAND_IN_SPECIAL,
+    check_layers,
+    emu3_vocabulary_map,
+    real_text_config,
+    rehearsal_shape,
+    stand_in_ids,
+)
 
 PromptEncoder = Callable[[str], torch.Tensor]
+#: pixels per visual token along each side (the released VQ model's spatial downsampling)
+EMU3_DOWNSAMPLE = 8
 
 # BAAI's Emu3-Gen defaults (README / generation example)
 POSITIVE_SUFFIX = " masterpiece, film grained, best quality."
@@ -96,9 +114,38 @@ class Emu3Adapter(CFGRowsAdapter):
 EMU3_NAMES = ("Emu3-Gen", "BAAI/Emu3-Gen-hf")
 
 
-def check_emu3_files(path: str, **_: object) -> None:
-    """:func:`load_emu3_adapter`'s weights check (``csd.adapters.base.checks_weights``)."""
-    check_model_dir(path, *EMU3_NAMES)
+def check_emu3_files(path: str, random_init: bool = False, layers: int | None = None, **_: object) -> None:
+    """:func:`load_emu3_adapter`'s weights check (``csd.adapters.base.checks_weights``); the rehearsal
+    (``random_init``) needs the known hub id or a local directory only."""
+    check_layers(random_init, layers)
+    if random_init:
+        rehearsal_shape(path, EMU3_HUB_SHAPES)
+    else:
+        check_model_dir(path, *EMU3_NAMES)
+
+
+def rehearsal_emu3(shape: str, layers: int | None, ratio: str, image_area: int, dtype: str,
+                   device: str) -> tuple[Emu3ForConditionalGeneration, PromptEncoder, tuple[int, int], tuple[int, int, int]]:
+    """Emu3-Gen's shape (``REAL_SHAPES`` ``shape``, transformers' default VQ config: the released one) with ``layers``
+    decoder layers of random weights, no file read: the stand-in vocabulary of
+    :func:`csd.adapters.shapes.emu3_vocabulary_map`, the grid of ``image_area`` at ``ratio`` with the 8x downsampling
+    (720 x 720 px: 90 x 90), and the processor's prompt format (BOS, text, ``<|image start|>{H}*{W}<|image token|>``)
+    over the stand-in tokenizer. Returns the model, the encoder, the grid and the end ids."""
+    vocab = emu3_vocabulary_map()
+    config = Emu3Config(text_config=real_text_config(shape, layers), vocabulary_map=vocab)
+    with default_dtype(resolve_dtype(dtype)), torch.device(device):
+        model = Emu3ForConditionalGeneration(config)
+    w, h = (int(x) for x in ratio.split(":"))
+    side = (image_area / (w * h)) ** 0.5 / EMU3_DOWNSAMPLE
+    rows, cols = round(side * h), round(side * w)
+    special = min(EMU3_STAND_IN_SPECIAL.values())  # text ids stay below the structural tokens
+
+    def encode(text: str) -> torch.Tensor:
+        header = [vocab["<|image start|>"], *stand_in_ids(f"{rows}*{cols}", special), vocab["<|image token|>"]]
+        return torch.tensor([vocab["<|extra_203|>"], *stand_in_ids(text, special), *header], dtype=torch.long)
+
+    end_ids = (vocab["<|extra_201|>"], vocab["<|image end|>"], vocab["<|endoftext|>"])
+    return model.eval(), encode, (rows, cols), end_ids
 
 
 @checks_weights(check_emu3_files)
@@ -114,14 +161,31 @@ def load_emu3_adapter(
     positive_suffix: str = POSITIVE_SUFFIX,
     negative_prompt: str = NEGATIVE_PROMPT,
     jacobi_tail: int = 0,
+    random_init: bool = False,
+    layers: int | None = None,
     **_: object,
 ) -> Emu3Adapter:
-    """Emu3-Gen (``BAAI/Emu3-Gen-hf``) from a hub id or local directory; ``image_area`` 518400 = 720x720 px."""
+    """Emu3-Gen (``BAAI/Emu3-Gen-hf``) from a hub id or local directory; ``image_area`` 518400 = 720x720 px.
+    ``random_init`` with the hub id: the rehearsal (docs/MODELS.md, "Rehearsal", :func:`rehearsal_emu3`), ``layers``
+    decoder layers (None: all)."""
     from transformers import Emu3Processor
 
+    check_emu3_files(path, random_init, layers)
+    sampling = SamplingConfig(guidance_scale=guidance_scale, top_k=top_k or 0, temperature=temperature)
+    if random_init and rehearsal_shape(path, EMU3_HUB_SHAPES) is not None:
+        model, encode, grid, end_ids = rehearsal_emu3(rehearsal_shape(path, EMU3_HUB_SHAPES), layers, ratio,
+                                                      image_area, dtype, device)
+        return Emu3Adapter(model, encode, grid, end_ids, sampling, positive_suffix, negative_prompt, jacobi_tail)
     model_dir = _local_dir(path, *EMU3_NAMES)
     processor = Emu3Processor.from_pretrained(model_dir)
-    model = Emu3ForConditionalGeneration.from_pretrained(model_dir, dtype=resolve_dtype(dtype))
+    if random_init:  # a local directory's config and processor, random weights
+        config = Emu3Config.from_pretrained(model_dir)
+        if layers is not None:
+            config.text_config.num_hidden_layers = layers
+        with default_dtype(resolve_dtype(dtype)):
+            model = Emu3ForConditionalGeneration(config)
+    else:
+        model = Emu3ForConditionalGeneration.from_pretrained(model_dir, dtype=resolve_dtype(dtype))
     tok = processor.tokenizer
     grid = processor.calculate_generate_size(ratio, image_area, processor.downsample_ratio)
 
@@ -134,7 +198,6 @@ def load_emu3_adapter(
         tok.convert_tokens_to_ids(processor.image_end_token),
         tok.eos_token_id,
     )
-    sampling = SamplingConfig(guidance_scale=guidance_scale, top_k=top_k or 0, temperature=temperature)
     return Emu3Adapter(model.to(device), encode, grid, end_ids, sampling, positive_suffix, negative_prompt, jacobi_tail)
 
 

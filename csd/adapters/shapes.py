@@ -37,6 +37,14 @@ EMU3_GRID = (90, 90)
 JANUS_HUB_SHAPES = {"deepseek-community/Janus-Pro-7B": "janus_pro_7b", "deepseek-community/Janus-Pro-1B": "janus_pro_1b"}
 LUMINA_HUB_SHAPES = {f"Alpha-VLLM/Lumina-mGPT-7B-{px}": "lumina_mgpt_7b" for px in (512, 768, 1024)}
 ANOLE_HUB_SHAPES = {"leloy/Anole-7b-v0.1-hf": "anole_7b"}
+EMU3_HUB_SHAPES = {"BAAI/Emu3-Gen-hf": "emu3_gen"}
+#: Emu3's stand-in vocabulary: its 32768 visual tokens fill the last ids of the 184622 (as in the released tokenizer,
+#: where ``<|visual token000000|>`` follows the structural tokens); the structural ids next to them (``<|extra_200|>``
+#: 151846 is the released end-of-line id the planner uses; the others are stand-ins)
+EMU3_FIRST_VISUAL_ID, EMU3_CODES = 151854, 32768
+EMU3_STAND_IN_SPECIAL = {"<|extra_200|>": 151846, "<|extra_201|>": 151847, "<|extra_203|>": 151849,
+                         "<|endoftext|>": 151850, "<|image start|>": 151851, "<|image end|>": 151852,
+                         "<|image token|>": 151853}
 #: Chameleon's image tokens: 8192 codes at BPE ids 4 .. 8195 in the stand-in vocabulary (the released tokenizer holds
 #: them in that range too; its ``bpe2img`` permutation is read from the tokenizer when present); text ids from 9000
 CHAMELEON_FIRST_IMAGE_ID, CHAMELEON_CODES, CHAMELEON_FIRST_TEXT_ID = 4, 8192, 9000
@@ -82,6 +90,13 @@ def check_layers(random_init: bool, layers: int | None) -> None:
     if layers is not None and not random_init:
         raise ConfigError(f"model.layers={layers} builds that many decoder layers of random weights (the rehearsal): "
                           "set model.random_init=true too, or model.layers=null for the checkpoint")
+
+
+def emu3_vocabulary_map() -> dict[str, int]:
+    """The stand-in ``vocabulary_map`` of an Emu3 rehearsal: the structural tokens and the visual tokens, named as the
+    released tokenizer names them (``<|visual token000123|>``)."""
+    visual = {f"<|visual token{code:06d}|>": EMU3_FIRST_VISUAL_ID + code for code in range(EMU3_CODES)}
+    return {**EMU3_STAND_IN_SPECIAL, **visual}
 
 
 def rehearsal_shape(path: str, known: dict[str, str]) -> str | None:

@@ -15,7 +15,15 @@ import pytest
 import torch
 from omegaconf import open_dict
 from PIL import Image
-from transformers import AutoTokenizer, ChameleonConfig, JanusConfig, JanusProcessor, PreTrainedModel
+from transformers import (
+    AutoTokenizer,
+    ChameleonConfig,
+    Emu3Config,
+    Emu3Processor,
+    JanusConfig,
+    JanusProcessor,
+    PreTrainedModel,
+)
 
 from csd.compose import Models, check_weights
 from csd.drafters.eagle import EagleHead, head_config, save_head
@@ -50,7 +58,7 @@ def no_file_reads(monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(*args, **kwargs):
         raise AssertionError(f"the rehearsal read a file: {args}")
 
-    for cls in (PreTrainedModel, JanusConfig, JanusProcessor, ChameleonConfig, AutoTokenizer):
+    for cls in (PreTrainedModel, JanusConfig, JanusProcessor, ChameleonConfig, Emu3Config, Emu3Processor, AutoTokenizer):
         monkeypatch.setattr(cls, "from_pretrained", classmethod(refuse))
 
 
@@ -117,6 +125,25 @@ def test_the_chameleon_rehearsal_has_the_real_shape_and_decodes_real_pixels(mode
     assert abs(planned - module_bytes(adapter.model) - module_bytes(adapter.vqgan, torch.float32)) < 1024
 
 
+@pytest.mark.slow
+def test_the_emu3_rehearsal_has_the_real_shape(monkeypatch) -> None:
+    """Emu3-Gen's shape (hidden 4096, 8 KV heads, text vocabulary 184622, 32768 codes on a 90 x 90 grid with an
+    end-of-line token per row: 8192 body positions) with one decoder layer and the released VQ config, no file read:
+    the conditional prompt ends with the image header, the negative prompt is the unconditional row; the plan's
+    weights are the built ones. (Its VQ decoder takes about 10 min an image on this CPU: not run here.)"""
+    no_file_reads(monkeypatch)
+    cfg = rehearsal_cfg("emu3_gen", None)
+    check_weights(cfg.model)
+    adapter = Models().adapter(cfg.model, CPU)
+    text = adapter.decoder().config
+    assert (text.hidden_size, text.num_key_value_heads, text.num_hidden_layers, text.vocab_size) == (4096, 8, 1, 184622)
+    assert adapter.vocab_size == 32768 and adapter.layout.grid == (90, 90) and adapter.layout.length == 8192
+    cond, uncond = adapter.prompt_rows("A man riding a wave on top of a surfboard, with a blue sky behind him.")
+    assert 25 <= len(cond) <= 45 and len(uncond) > len(cond) and cond[-1] == uncond[-1]
+    planned = config_plan(cfg)[0].shape.weight_bytes
+    assert abs(planned - module_bytes(adapter.model)) < 1024
+
+
 @pytest.mark.parametrize(("overrides", "message"), [
     (["model.layers=1"], "model.layers=1 builds that many decoder layers of random weights (the rehearsal): set "
                          "model.random_init=true too"),
@@ -124,6 +151,7 @@ def test_the_chameleon_rehearsal_has_the_real_shape_and_decodes_real_pixels(mode
      "model.random_init=true builds the shape of a local checkpoint directory or of deepseek-community/Janus-Pro-7B / "
      "deepseek-community/Janus-Pro-1B (no file read); model.path='/nowhere' is neither"),
     (["model=anole_7b", "model.layers=2"], "model.layers=2 builds that many decoder layers of random weights"),
+    (["model=emu3_gen", "model.layers=2"], "model.layers=2 builds that many decoder layers of random weights"),
     (["model=lumina_mgpt_7b", "model.random_init=true", "model.path=org/other"],
      "model.random_init=true builds the shape of a local checkpoint directory or of Alpha-VLLM/Lumina-mGPT-7B-512 / "
      "Alpha-VLLM/Lumina-mGPT-7B-768 / Alpha-VLLM/Lumina-mGPT-7B-1024 (no file read); model.path='org/other' is neither"),
