@@ -1,9 +1,10 @@
 """The rehearsal (``model.random_init=true model.layers=K``, docs/MODELS.md "Rehearsal"): a real preset's width,
 vocabulary, image grid, CFG rows, prompt length and VQ decoder, with K decoder layers of random weights, built
 without reading any file, through the whole pipeline (prompts, engine, VQ decode, PNG, evaluate, report); the memory
-plan's weights are the built model's. The default suite runs Janus-Pro-1B's shape at K = 1 with SJD at batch 2;
-``pytest -m rehearsal`` runs every decoding family (AR, SJD, CSD, SJD-PAC, PJD, an EAGLE head of random weights) at
-batch 1 and 2 on the 1B and 7B shapes, batch 2 token for token batch 1's in fp32.
+plan's weights are the built model's (within 1 kB). The default suite runs Janus-Pro-1B's shape at K = 1 with SJD at
+batch 2, and the refusals; ``pytest -m rehearsal`` builds Lumina-mGPT, Anole and Emu3-Gen the same way and runs every
+decoding family (AR, SJD, CSD, SJD-PAC, PJD, an EAGLE head of random weights) at batch 1 and 2 on the 1B and 7B
+shapes (SJD and PJD on Lumina-mGPT 512 px and Anole), batch 2 token for token batch 1's in fp32.
 """
 
 from __future__ import annotations
@@ -99,7 +100,7 @@ def test_the_rehearsal_runs_the_pipeline_end_to_end(tmp_path: Path, models) -> N
     assert (report / "table_janus_pro_1b.md").exists()
 
 
-@pytest.mark.slow
+@pytest.mark.rehearsal
 @pytest.mark.parametrize(("model", "length", "prompt_row"), [("lumina_mgpt_7b_512", 1060, (20, 40)),
                                                            ("anole_7b", 1024, (12, 30))])
 def test_the_chameleon_rehearsal_has_the_real_shape_and_decodes_real_pixels(model, length, prompt_row,
@@ -125,7 +126,7 @@ def test_the_chameleon_rehearsal_has_the_real_shape_and_decodes_real_pixels(mode
     assert abs(planned - module_bytes(adapter.model) - module_bytes(adapter.vqgan, torch.float32)) < 1024
 
 
-@pytest.mark.slow
+@pytest.mark.rehearsal
 def test_the_emu3_rehearsal_has_the_real_shape(monkeypatch) -> None:
     """Emu3-Gen's shape (hidden 4096, 8 KV heads, text vocabulary 184622, 32768 codes on a 90 x 90 grid with an
     end-of-line token per row: 8192 body positions) with one decoder layer and the released VQ config, no file read:
