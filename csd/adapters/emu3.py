@@ -170,7 +170,7 @@ def load_emu3_adapter(
     decoder layers (None: all)."""
     from transformers import Emu3Processor
 
-    check_emu3_files(path, random_init, layers)
+    check_layers(random_init, layers)
     sampling = SamplingConfig(guidance_scale=guidance_scale, top_k=top_k or 0, temperature=temperature)
     if random_init and rehearsal_shape(path, EMU3_HUB_SHAPES) is not None:
         model, encode, grid, end_ids = rehearsal_emu3(rehearsal_shape(path, EMU3_HUB_SHAPES), layers, ratio,

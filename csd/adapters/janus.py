@@ -168,7 +168,7 @@ def load_janus_adapter(
     tokenizer."""
     from transformers import JanusProcessor
 
-    check_janus_files(path, random_init, layers)
+    check_layers(random_init, layers)
     if random_init and rehearsal_shape(path, JANUS_HUB_SHAPES) is not None:
         config = real_janus_config(rehearsal_shape(path, JANUS_HUB_SHAPES), layers)
         with default_dtype(resolve_dtype(dtype)), torch.device(device):

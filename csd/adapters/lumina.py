@@ -362,7 +362,7 @@ def load_chameleon_adapter(
     "Rehearsal"), :func:`rehearsal_chameleon` for a known hub id (``known``: hub id -> its ``REAL_SHAPES`` entry), or a
     local directory's config and tokenizer with random weights; ``layers`` decoder layers (None: all).
     """
-    check_chameleon_files(path, vqgan_config, vqgan_ckpt, names, known, random_init, layers)
+    check_layers(random_init, layers)
     sampling = SamplingConfig(guidance_scale=guidance_scale, top_k=top_k or 0, temperature=temperature)
     if random_init:
         vqgan = VQGANDecoder(VQGANConfig()).to(device=device).eval()  # Chameleon's released decoder shape, fp32
