@@ -82,7 +82,7 @@ def measure(model: str, layers: int, batch: int, lengths: list[int], width: int,
             dtype: str, device: torch.device) -> list[dict[str, Any]]:
     """One row per (window kind, L): median ms of a forward, the causal table's MB and build ms."""
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose("config", overrides=[f"model={model}", "model.random_init=true", f"model.layers={layers}",
+        cfg = compose("config", overrides=[f"model={model}", "++model.random_init=true", f"++model.layers={layers}",
                                            f"model.dtype={dtype}"])
     adapter = build_adapter(cfg.model, device)
     state = SlotBatch(adapter, batch)
