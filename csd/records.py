@@ -31,7 +31,7 @@ import io
 import json
 import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Container, Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -62,6 +62,9 @@ IMPLICIT_METHOD_PARAMS = {
     "draft_record": "onehot", "tree_width": 1, "tree_depth": 1, "pac_code_parity": False,
 }
 
+#: per-token record fields -> the dtype a compact record holds them in (:func:`compact_record`): exact for every
+#: model's ids (below 2**31), iterations and kinds; entropies keep the float64 JSON gives
+PER_TOKEN_FIELDS = {"tokens": np.int32, "commit_iter": np.int32, "commit_kind": np.int8, "entropy": np.float64}
 #: values of ``ImageRecord.commit_kind``: how each body position was committed
 COMMIT_SAMPLED, COMMIT_ACCEPTED, COMMIT_RELAXED, COMMIT_FORCED = 0, 1, 2, 3
 
@@ -132,11 +135,20 @@ def image_name(prompt_id: str, sample: int) -> str:
     return f"{IMAGES_DIR}/{prompt_id}_s{sample}.png"
 
 
+def record_lines(path: Path) -> Iterator[tuple[int, bytes]]:
+    """``(line number, line)`` of each newline-terminated line of ``path``, read one at a time (an incomplete trailing
+    line from a crash is left out; lines end at ``\n`` only, not at ``\r``)."""
+    if not path.exists():
+        return
+    with open(path, "rb") as f:
+        for number, line in enumerate(f, 1):
+            if line.endswith(b"\n"):
+                yield number, line
+
+
 def complete_lines(path: Path) -> list[bytes]:
     """The newline-terminated lines of ``path`` (an incomplete trailing line from a crash is left out)."""
-    if not path.exists():
-        return []
-    return [line + b"\n" for line in path.read_bytes().split(b"\n")[:-1]]  # not splitlines: it also splits at "\r"
+    return [line for _, line in record_lines(path)]
 
 
 def parse_record(line: bytes) -> dict[str, Any]:
@@ -150,6 +162,27 @@ def parse_record(line: bytes) -> dict[str, Any]:
     missing = [k for k in KEY_FIELDS if k not in record]
     if missing:
         raise ValueError(f"not a JSON record (no {', '.join(missing)})")
+    return record
+
+
+def compact_record(record: dict[str, Any]) -> dict[str, Any]:
+    """``record`` with its per-token fields (:data:`PER_TOKEN_FIELDS`) as 1-D numpy arrays of their dtypes, in place:
+    ~10x less memory than lists of Python numbers (what the evaluate stage holds for every image of a run). The values
+    are the same; ``ValueError`` naming the field if one is not a list of numbers its dtype holds exactly."""
+    for field, dtype in PER_TOKEN_FIELDS.items():
+        if field not in record:
+            continue
+        try:
+            values = np.asarray(record[field])
+            kinds = "f" if np.dtype(dtype).kind == "f" else ""
+            if values.ndim != 1 or (values.size and values.dtype.kind not in "iu" + kinds):
+                raise TypeError(f"a {values.dtype} array of shape {values.shape}")
+            typed = values.astype(dtype)
+            if not np.array_equal(typed, values, equal_nan=bool(kinds)):
+                raise OverflowError(f"values past {np.dtype(dtype).name}")
+        except (TypeError, ValueError, OverflowError) as err:
+            raise ValueError(f"field {field!r} is not a list of {np.dtype(dtype).name} values ({err})") from None
+        record[field] = typed
     return record
 
 
@@ -169,26 +202,32 @@ def record_files(run_dir: str | Path) -> list[Path]:
     return [p for p in [run_dir / RECORDS_FILE, *sorted(run_dir.glob(SHARD_RECORDS_GLOB))] if p.exists()]
 
 
-def load_located_records(run_dir: str | Path) -> list[tuple[str, dict[str, Any]]]:
+def load_located_records(run_dir: str | Path, compact: bool = False,
+                          keys: Container[tuple[str, int]] | None = None) -> list[tuple[str, dict[str, Any]]]:
     """``(file:line, record)`` of every complete record of every records file of a run, sorted by
     (prompt_id, sample), so evaluation does not depend on completion order or on the number of shards.
 
-    Raises :class:`RecordsError` naming ``file:line`` for an unreadable line (an incomplete trailing line
-    from a crash is ignored).
+    Files are read line by line. ``compact``: per-token fields as typed arrays (:func:`compact_record`); ``keys``:
+    only the records of these (prompt_id, sample) pairs. Raises :class:`RecordsError` naming ``file:line`` for an
+    unreadable line (an incomplete trailing line from a crash is ignored).
     """
     out = []
     for path in record_files(run_dir):
-        for number, line in enumerate(complete_lines(path), 1):
+        for number, line in record_lines(path):
             try:
-                out.append((f"{path}:{number}", parse_record(line)))
+                record = parse_record(line)
+                if keys is not None and (record["prompt_id"], record["sample"]) not in keys:
+                    continue
+                out.append((f"{path}:{number}", compact_record(record) if compact else record))
             except ValueError as err:
                 raise RecordsError(f"{path}:{number}: {err}; resume the run (stage=generate) to set it aside and redo its image") from None
     return sorted(out, key=lambda item: (item[1]["prompt_id"], item[1]["sample"]))
 
 
-def load_records(run_dir: str | Path) -> list[dict[str, Any]]:
-    """All complete records of a run, all shards merged (see :func:`load_located_records`)."""
-    return [record for _, record in load_located_records(run_dir)]
+def load_records(run_dir: str | Path, compact: bool = False,
+                 keys: Container[tuple[str, int]] | None = None) -> list[dict[str, Any]]:
+    """All complete records of a run, all shards merged (see :func:`load_located_records`: ``compact``, ``keys``)."""
+    return [record for _, record in load_located_records(run_dir, compact, keys)]
 
 
 def settings_mismatch(record: dict[str, Any], settings: dict[str, Any]) -> tuple[str, Any, Any] | None:
@@ -238,11 +277,16 @@ def check_records_match(records: list[dict[str, Any]], info: dict[str, Any], whe
             )
 
 
+def listed(values: Any) -> Any:
+    """A compact record's array as the list its JSON line holds; anything else as it is."""
+    return values.tolist() if isinstance(values, np.ndarray) else values
+
+
 def records_digest(records: Iterable[dict[str, Any]]) -> str:
     """sha256 of the ``(prompt_id, sample, tokens)`` of ``records`` in (prompt_id, sample) order:
     metrics.json's ``records_sha256``, which tells a later reader whether the run still holds the records
-    evaluated."""
-    rows = sorted(([r["prompt_id"], r["sample"], r["tokens"]] for r in records), key=lambda row: row[:2])
+    evaluated (a compact record's tokens as their list: the same digest)."""
+    rows = sorted(([r["prompt_id"], r["sample"], listed(r["tokens"])] for r in records), key=lambda row: row[:2])
     return hashlib.sha256(json.dumps(rows, separators=(",", ":")).encode()).hexdigest()
 
 

@@ -34,7 +34,7 @@ def metrics_state(run_dir: Path, metrics: dict[str, Any]) -> tuple[str, str]:
     if not record_files(run_dir):
         return UNVERIFIED, "no records files to check metrics.json against"
     try:
-        records = load_records(run_dir)
+        records = load_records(run_dir, compact=True)
     except RecordsError as err:
         return STALE, f"metrics.json cannot be checked against unreadable records ({err}); then {refresh}"
     described, now = run.get("n_records"), len(records)
