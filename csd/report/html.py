@@ -6,7 +6,9 @@ and the kind of commit of every token).
 Everything is inline (CSS, a few lines of JS, images as base64 data URIs): the page opens offline, from any folder,
 with no server. Only the chosen prompts' images are on it (``eval.report.html_prompts``), decoded from the records'
 tokens where the run has no PNG (:class:`csd.decode.RunImages`); the page of the 12-run, 400-prompt toy sweep
-weighs well under a megabyte. The other figures of the report stay next to it and are linked.
+weighs well under a megabyte. An image larger than :data:`THUMB` px is on it as a thumbnail that links to the run's PNG
+(a relative path: it opens while the page and the run directories keep their places). The other figures of the
+report stay next to it and are linked.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import io
 import json
 import logging
 import math
+import os
 import re
 from collections.abc import Sequence
 from functools import cached_property
@@ -47,8 +50,8 @@ log = logging.getLogger(__name__)
 HTML_FILE = "index.html"
 #: prompts compared image by image when the config names no number
 DEFAULT_PROMPTS = 16
-#: images wider or taller than this are shrunk to it and embedded as JPEG (a real model's 512-1024 px images);
-#: smaller ones (the toy's) are embedded as they are, as PNG
+#: images wider or taller than this are shrunk to it and embedded as JPEG, linked to their PNG (a real model's 384-1024
+#: px images); smaller ones (the toy's) are embedded as they are, as PNG
 THUMB = 256
 JPEG_QUALITY = 85
 #: how the page shows an image and its maps (CSS pixels; small images are scaled up without smoothing)
@@ -371,17 +374,31 @@ class SharedImages(RunImages):
         return self.adapters[key]
 
 
+def sample_tile(images: RunImages, record: dict[str, Any], label: str, out: Path) -> str:
+    """One run's image of a prompt: embedded (:func:`data_uri`); an image larger than :data:`THUMB` is embedded as its
+    thumbnail, linked to the run's PNG (a path relative to the page in ``out``) when the run has that file."""
+    image = Image.fromarray(images.array(record))
+    tag = (f'<img class="sample pixel" src="{data_uri(image)}" width="{SHOW_PX}" height="{SHOW_PX}" '
+           f'alt="{esc(label)}">')
+    png = images.run_dir / record["image"]
+    if max(image.size) <= THUMB or not png.is_file():
+        return tag
+    href = Path(os.path.relpath(png.resolve(), out.resolve())).as_posix()
+    return (f'<a class="full" href="{esc(href)}" title="full size: {image.width} x {image.height} px">'
+            f"{tag}</a>")
+
+
 def comparison(group_results: Sequence[tuple[str, str, dict[str, Any]]], keys: Sequence[tuple[str, int]],
-               metric: tuple[str, str] | None) -> str:
+               metric: tuple[str, str] | None, out: Path) -> str:
     """One block per chosen image: its prompt, then each run's image (AR first) with its acceptance map and a
-    caption (label, NFE, step compression, the per-image metric)."""
+    caption (label, NFE, step compression, the per-image metric); a large image is a thumbnail linking to its file
+    (:func:`sample_tile`)."""
     wanted = set(keys)
     adapters: dict[tuple[str, str], ModelAdapter] = {}
     per_run = []
     for label, anchor, res in group_results:
         run_dir = Path(res["run_dir"])
-        records = {(r["prompt_id"], r["sample"]): r for r in load_records(run_dir)
-                   if (r["prompt_id"], r["sample"]) in wanted}
+        records = {(r["prompt_id"], r["sample"]): r for r in load_records(run_dir, keys=wanted)}
         per_run.append((label, anchor, res, records, SharedImages(run_dir, list(records.values()), adapters)))
     blocks = []
     broken: set[str] = set()
@@ -397,8 +414,7 @@ def comparison(group_results: Sequence[tuple[str, str, dict[str, Any]]], keys: S
                 pic = '<div class="missing">image not decoded</div>'
             elif record is not None:
                 try:
-                    pic = (f'<img class="sample pixel" src="{data_uri(Image.fromarray(images.array(record)))}" '
-                           f'width="{SHOW_PX}" height="{SHOW_PX}" alt="{esc(label)}">')
+                    pic = sample_tile(images, record, label, out)
                 except Exception as err:  # a model that cannot be built here: the page without the run's images
                     log.warning("%s: images not decoded for the HTML report (%s)", res["run_dir"], err)
                     broken.add(res["run_dir"])
@@ -459,7 +475,7 @@ def write_html(df: pd.DataFrame, results: Sequence[dict[str, Any]], out: Path, n
             parts.append(f"<h3>Images, prompt by prompt</h3><p>{len(keys)} images ({how}); every run's image of the "
                          "same prompt, sample and seed, AR first (grey); caption: NFE, step compression, "
                          f"{metric[1] if metric else 'no per-image metric'}.</p>" + legend()
-                         + comparison(members, keys, metric))
+                         + comparison(members, keys, metric, out))
         parts.append("<h3>Runs</h3>" + "".join(run_section(res, label, anchor, table_id)
                                                for label, anchor, res in members))
         sections.append(f'<section class="model">{"".join(parts)}</section>')

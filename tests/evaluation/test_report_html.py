@@ -271,3 +271,29 @@ def test_embedded_images_are_the_runs_pixels(report: Path) -> None:
     embedded = np.asarray(Image.open(io.BytesIO(base64.b64decode(src.split(",", 1)[1]))).convert("RGB"))
     run = report.parent / "0_ar"
     assert np.array_equal(embedded, np.asarray(Image.open(run / "images" / "p000_s0.png").convert("RGB")))
+
+
+def test_a_large_image_is_a_thumbnail_linking_to_its_file(tmp_path: Path) -> None:
+    """A run's 512 px images are shown as thumbnails of at most THUMB px (JPEG) whose link opens the run's PNG (a
+    path relative to the page); images the page shows as they are (the toy's) carry no link."""
+    from csd.report.html import THUMB
+
+    sweep = fixture_sweep(tmp_path / "sweep", tmp_path)
+    big = sweep / "0_ar"
+    for png in (big / "images").glob("*.png"):
+        with Image.open(png) as im:
+            im.convert("RGB").resize((512, 512), Image.NEAREST).save(png)
+    report = build_report(sweep, eval_cfg(tmp_path))
+    page = Page((report / HTML_FILE).read_text(encoding="utf-8"))
+    rows = page.find("div", "prompt-row")
+    assert rows
+    for row in rows:
+        links = page.find("a", "full", inside=row)
+        assert len(links) == 1, "one run has large images"
+        target = (report / links[0]["href"]).resolve()
+        assert target.parent == (big / "images").resolve() and target.is_file()
+        thumb = page.find("img", "sample", inside=links[0])
+        assert len(thumb) == 1 and thumb[0]["src"].startswith("data:image/jpeg")
+        with Image.open(io.BytesIO(base64.b64decode(thumb[0]["src"].split(",", 1)[1]))) as im:
+            assert max(im.size) <= THUMB
+        assert len(page.find("img", "sample", inside=row)) == RUNS
