@@ -96,3 +96,46 @@ def test_records_are_read_line_by_line_and_a_cut_tail_is_left_out(tmp_path: Path
     assert n == 0
     assert peak < size / 4, f"{peak / 1e6:.2f} MB to read a {size / 1e6:.2f} MB file"
     assert len(load_records(run)) == 96
+
+
+def stacked_maps(records: list[dict]) -> dict[str, np.ndarray]:
+    """The maps' definition over every image at once (per-cell means of stacked grids)."""
+    from csd.evaluation.content import on_grid
+    from csd.records import COMMIT_ACCEPTED, COMMIT_RELAXED
+
+    kinds = np.stack([on_grid(r, "commit_kind") for r in records])
+    iters = np.stack([on_grid(r, "commit_iter") for r in records]).astype(float)
+    iters /= np.maximum(iters.reshape(len(records), -1).max(axis=1), 1)[:, None, None]
+    return {"accepted": np.isin(kinds, (COMMIT_ACCEPTED, COMMIT_RELAXED)).mean(axis=0),
+            "relaxed": (kinds == COMMIT_RELAXED).mean(axis=0), "commit_iter": iters.mean(axis=0)}
+
+
+@pytest.mark.parametrize("bins", [7, [0.0, 1.0, 2.5, 8.0]])
+def test_content_metrics_pass_over_images_one_at_a_time(tmp_path: Path, bins) -> None:
+    """The acceptance maps and the acceptance-by-entropy curve equal their all-at-once definitions to the bit, and
+    their memory peak (above the records') is a few images' arrays, not all of them: under a third of the 24 images'
+    (all at once: 1.6 times them)."""
+    from csd.evaluation.content import acceptance_by_entropy, acceptance_maps
+
+    records = EvalContext.load(write_records(tmp_path / "run"), eval_cfg(), "cpu").records
+    for r in records[::3]:
+        r["commit_kind"][::5] = 2  # some relaxed accepts
+    held = sum(r[f].nbytes for r in records for f in PER_TOKEN_FIELDS)
+    tracemalloc.start()
+    try:
+        maps = acceptance_maps(records)
+        curve = acceptance_by_entropy(records, bins)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    for key, value in stacked_maps(records).items():
+        assert maps[key].tobytes() == value.tobytes(), key
+    kinds = np.concatenate([r["commit_kind"] for r in records])
+    ent = np.concatenate([r["entropy"] for r in records])
+    edges = np.histogram_bin_edges(ent, bins=bins)
+    idx = np.clip(np.digitize(ent, edges[1:-1]), 0, len(edges) - 2)
+    counts = np.bincount(idx, minlength=len(edges) - 1)
+    assert curve["edges"] == edges.tolist() and curve["count"] == counts.tolist()
+    accepted = np.bincount(idx, weights=np.isin(kinds, (1, 2)), minlength=len(counts)) / counts
+    assert np.array_equal(curve["accepted"], accepted.tolist(), equal_nan=True)
+    assert peak < held / 3, f"{peak / 1e6:.1f} MB to pass over {held / 1e6:.1f} MB of records"
