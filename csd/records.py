@@ -285,9 +285,14 @@ def listed(values: Any) -> Any:
 def records_digest(records: Iterable[dict[str, Any]]) -> str:
     """sha256 of the ``(prompt_id, sample, tokens)`` of ``records`` in (prompt_id, sample) order:
     metrics.json's ``records_sha256``, which tells a later reader whether the run still holds the records
-    evaluated (a compact record's tokens as their list: the same digest)."""
-    rows = sorted(([r["prompt_id"], r["sample"], listed(r["tokens"])] for r in records), key=lambda row: row[:2])
-    return hashlib.sha256(json.dumps(rows, separators=(",", ":")).encode()).hexdigest()
+    evaluated. The bytes hashed are the compact JSON of the list of those rows (a compact record's tokens as their
+    list), written one row at a time: memory is one record's, whatever the run's size."""
+    digest = hashlib.sha256(b"[")
+    for i, r in enumerate(sorted(records, key=lambda r: (r["prompt_id"], r["sample"]))):
+        row = [r["prompt_id"], r["sample"], listed(r["tokens"])]
+        digest.update((("," if i else "") + json.dumps(row, separators=(",", ":"))).encode())
+    digest.update(b"]")
+    return digest.hexdigest()
 
 
 def png_bytes(image: np.ndarray) -> bytes:

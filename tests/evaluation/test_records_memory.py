@@ -139,3 +139,24 @@ def test_content_metrics_pass_over_images_one_at_a_time(tmp_path: Path, bins) ->
     accepted = np.bincount(idx, weights=np.isin(kinds, (1, 2)), minlength=len(counts)) / counts
     assert np.array_equal(curve["accepted"], accepted.tolist(), equal_nan=True)
     assert peak < held / 3, f"{peak / 1e6:.1f} MB to pass over {held / 1e6:.1f} MB of records"
+
+
+def test_the_records_digest_is_hashed_one_record_at_a_time(tmp_path: Path) -> None:
+    """``records_digest`` is the sha256 of the JSON of every (prompt_id, sample, tokens) row in key order, as before,
+    without building that JSON (or the rows' lists) whole: its peak is a few records' tokens."""
+    import hashlib
+
+    records = EvalContext.load(write_records(tmp_path / "run"), eval_cfg(), "cpu").records[::-1]
+    rows = sorted(([r["prompt_id"], r["sample"], r["tokens"].tolist()] for r in records), key=lambda row: row[:2])
+    expected = hashlib.sha256(json.dumps(rows, separators=(",", ":")).encode()).hexdigest()
+    del rows
+    tracemalloc.start()
+    try:
+        digest = records_digest(records)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert digest == expected
+    assert records_digest([]) == hashlib.sha256(b"[]").hexdigest()
+    one = TOKENS * 40  # one record's tokens as a list of Python ints and their JSON, generously
+    assert peak < 4 * one, f"{peak / 1e6:.1f} MB to hash {IMAGES} records"
