@@ -5,8 +5,8 @@ It copies a real run directory made by the pipeline (``--template``: its ``confi
 one-image rehearsal run, docs/MODELS.md "Rehearsal") and writes ``--images`` records and PNGs in the exact format the
 generate stage writes (:class:`csd.records.ImageRecord`, one JSON line each; PIL's PNG encoder, as
 :func:`csd.records.png_bytes`). Each record keeps the template record's model, method, grid, meta and token count
-(``--tokens`` sets another count: records alone, for the record size at ~9,300 tokens an image), with seeded values
-where generation would put its own:
+(``--grid ROWS COLS`` sets another grid, its ``ROWS x COLS`` tokens every one free: records alone, e.g. 96 x 97 for
+the ~9,300 tokens of the newest models at 768 px), with seeded values where generation would put its own:
 
 - ``tokens``: uniform over the model's vocabulary (``run.json``'s ``model_info.vocab_size``);
 - ``commit_iter``: iterations that commit runs of 1-8 tokens (a speculative run's shape), ``commit_kind``: sampled or
@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from csd.decode import RunImages
 from csd.records import (
     COMMIT_ACCEPTED,
     COMMIT_SAMPLED,
@@ -97,16 +98,24 @@ def synth_record(template: dict[str, Any], index: int, rng: np.random.Generator,
     )
 
 
-def write_run(template_dir: Path, out: Path, n_images: int, tokens: int | None = None, images: bool = True,
+def image_size(template_dir: Path, record: dict[str, Any]) -> tuple[int, int]:
+    """(width, height) of the template record's image: its PNG's, or (a committed run keeps no PNGs) its tokens decoded
+    by the run's model (:class:`csd.decode.RunImages`)."""
+    height, width, _ = RunImages(template_dir, [record]).array(record).shape
+    return width, height
+
+
+def write_run(template_dir: Path, out: Path, n_images: int, grid: tuple[int, int] | None = None, images: bool = True,
               seed: int = 0) -> Path:
-    """``out``: the template's config and run.json (``n_images`` = ``n_images``), ``n_images`` synthetic records and,
-    unless ``images`` is false, their PNGs at the template image's size."""
+    """``out``: the template's config and run.json (``n_images`` = ``n_images``), ``n_images`` synthetic records (on
+    ``grid``, default the template's) and, unless ``images`` is false, their PNGs at the template image's size."""
     template = load_records(template_dir)[0]
+    size = image_size(template_dir, template) if images else (0, 0)
+    if grid is not None:
+        template = template | {"grid": list(grid), "tokens": [0] * (grid[0] * grid[1])}
     info = json.loads((template_dir / "run.json").read_text())
     vocab = info["model_info"]["vocab_size"]
-    length = len(template["tokens"]) if tokens is None else tokens
-    with Image.open(template_dir / template["image"]) as im:
-        size = im.size
+    length = len(template["tokens"])
     out.mkdir(parents=True, exist_ok=True)
     (out / "images").mkdir(exist_ok=True)
     shutil.copy(template_dir / "config.yaml", out / "config.yaml")
@@ -125,8 +134,7 @@ def write_run(template_dir: Path, out: Path, n_images: int, tokens: int | None =
 def write_reference(template_dir: Path, out: Path, n_images: int, seed: int = 1) -> Path:
     """``n_images`` reference PNGs of the synthetic kind, at the template image's size."""
     template = load_records(template_dir)[0]
-    with Image.open(template_dir / template["image"]) as im:
-        size = im.size
+    size = image_size(template_dir, template)
     out.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
     for i in range(n_images):
@@ -139,18 +147,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--template", type=Path, required=True, help="a run directory made by the pipeline")
     parser.add_argument("--out", type=Path, required=True, help="the synthetic run directory to write")
     parser.add_argument("--images", type=int, required=True, help="records (and PNGs) to write")
-    parser.add_argument("--tokens", type=int, default=None, help="tokens per record (default: the template's)")
-    parser.add_argument("--no-images", action="store_true", help="records only")
+    parser.add_argument("--grid", type=int, nargs=2, default=None, metavar=("ROWS", "COLS"),
+                        help="the records' token grid (default: the template's); records only")
     parser.add_argument("--reference", type=Path, default=None, help="also write an FID reference set here")
     parser.add_argument("--reference-images", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     if args.images < 1:
         parser.error(f"--images {args.images}: give at least 1")
-    write_run(args.template, args.out, args.images, args.tokens, not args.no_images, args.seed)
+    write_run(args.template, args.out, args.images, args.grid, args.grid is None, args.seed)
     if args.reference is not None:
         write_reference(args.template, args.reference, args.reference_images, args.seed + 1)
-    print(f"{args.out}: {args.images} synthetic records" + ("" if args.no_images else " and images"))
+    print(f"{args.out}: {args.images} synthetic records" + (" and images" if args.grid is None else ""))
 
 
 if __name__ == "__main__":

@@ -68,7 +68,7 @@ class EvalContext:
     def load(cls, run_dir: str | Path, eval_cfg: DictConfig, device: str = "auto") -> EvalContext:
         """Read ``run.json`` and the records of every shard, refusing records that ``run.json`` does not
         describe (a resume sets them aside and redoes them). Per-token fields are typed arrays
-        (:func:`csd.records.compact_record`: a 30k-image run at ~9,300 tokens an image is ~4 GB so, ~39 GB as lists).
+        (:func:`csd.records.compact_record`: a 30k-image run at ~9,300 tokens an image is ~4.8 GB so, ~35 GB as lists).
         Images are not read here (:attr:`images`)."""
         run_dir = Path(run_dir)
         info_path = run_dir / "run.json"
