@@ -9,7 +9,7 @@ the mean over that category's questions.
 The VQA model is pluggable (``eval.dpg.vqa``, a ``module:function`` building a :data:`Vqa` from ``eval.dpg.model`` and
 the device). The published one is mPLUG-large (``damo/mplug_visual-question-answering_coco_large_en``), run through
 ModelScope's pipeline as the released scorer runs it: :func:`mplug_vqa` (``eval.dpg.vqa=csd.evaluation.dpg_score:
-mplug_vqa``; needs ``pip install modelscope`` and the model folder, neither installed nor downloadable here). The
+mplug_vqa``; needs ``pip install 'csd-bench[dpg]'`` (ModelScope) and the model folder, neither installed nor downloadable here). The
 default backend is transformers' ``BlipForQuestionAnswering`` (e.g. ``Salesforce/blip-vqa-base``): its scores are not
 the published numbers; every result names the backend.
 """
@@ -76,7 +76,7 @@ def blip_vqa(model: str, device: torch.device) -> Vqa:
 
 
 #: the package mplug_vqa needs, as one install line
-MODELSCOPE = "pip install modelscope"
+MODELSCOPE = "pip install 'csd-bench[dpg]'  (modelscope)"
 
 
 def mplug_vqa(model: str, device: torch.device) -> Vqa:

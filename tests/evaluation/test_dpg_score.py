@@ -103,4 +103,4 @@ def test_mplug_backend_calls_modelscope_as_the_released_scorer(monkeypatch: pyte
     monkeypatch.setitem(sys.modules, "modelscope.pipelines", None)  # not installed
     with pytest.raises(MissingWeightsError) as err:
         dpg_score.mplug_vqa(str(tmp_path), torch.device("cpu"))
-    assert "\n" not in str(err.value) and "pip install modelscope" in str(err.value)
+    assert "\n" not in str(err.value) and "pip install 'csd-bench[dpg]'" in str(err.value)
