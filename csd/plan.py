@@ -355,7 +355,8 @@ def config_plan(cfg: DictConfig) -> tuple[MemoryPlan, float, str]:
 
 
 def resolve_batch_size(cfg: DictConfig) -> None:
-    """``engine.batch_size=auto``: set it to the plan's largest batch (at least 1), logged; ints stay."""
+    """``engine.batch_size=auto``: set it to the plan's largest batch (at least 1), at most the run's images
+    (:func:`run_images`), logged; ints stay."""
     import logging
 
     from csd.errors import ConfigError
@@ -367,9 +368,21 @@ def resolve_batch_size(cfg: DictConfig) -> None:
     if batch < 1:
         raise ConfigError(f"engine.batch_size=auto: model={cfg.model.name} needs {gb(plan.total(1))} GB for one image, "
                           f"more than the {gb(memory)} GB of {source}")
-    logging.getLogger("csd").info("engine.batch_size=auto -> %d (%s GB planned of %s GB, %s)", batch,
-                                  gb(plan.total(batch)), gb(memory), source)
+    images = run_images(cfg)
+    capped = images is not None and batch > images
+    batch = min(batch, images) if images is not None else batch
+    logging.getLogger("csd").info("engine.batch_size=auto -> %d (%s GB planned of %s GB, %s%s)", batch,
+                                  gb(plan.total(batch)), gb(memory), source,
+                                  f"; capped at the run's {images} images" if capped else "")
     cfg.engine.batch_size = batch
+
+
+def run_images(cfg: DictConfig) -> int | None:
+    """The images a run asks for, ``dataset.n_prompts x dataset.samples_per_prompt`` (None when the prompt count is
+    the whole set's, unknown before it is read): more slots than that would never fill."""
+    prompts = OmegaConf.select(cfg, "dataset.n_prompts", default=None)
+    samples = OmegaConf.select(cfg, "dataset.samples_per_prompt", default=1)
+    return prompts * samples if isinstance(prompts, int) and isinstance(samples, int) else None
 
 
 def preset_configs() -> list[DictConfig]:

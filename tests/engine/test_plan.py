@@ -79,13 +79,25 @@ def test_every_preset_has_a_plan():
 
 @pytest.mark.slow
 def test_batch_size_auto_takes_the_plan(caplog):
-    cfg = make_cfg("model=janus_pro_7b", "engine.batch_size=auto", "engine.memory_gb=40", "device=cpu")
+    cfg = make_cfg("model=janus_pro_7b", "engine.batch_size=auto", "engine.memory_gb=40", "device=cpu",
+                   "dataset.n_prompts=1000")
     validate(cfg)
     plan = plan_memory(model_shape(cfg.model), cfg.drafter.window, False, "cpu")
     with caplog.at_level("INFO", logger="csd"):
         resolve_batch_size(cfg)
     assert cfg.engine.batch_size == plan.max_batch(40 * GB) > 1
     assert "engine.batch_size=auto ->" in caplog.text
+
+
+def test_batch_size_auto_is_capped_at_the_runs_images(caplog):
+    """A memory that holds thousands of images gives the run's image count (prompts x samples), not a batch of slots
+    that would never fill."""
+    cfg = make_cfg("model=janus_pro_1b", "engine.batch_size=auto", "engine.memory_gb=100000", "device=cpu",
+                   "dataset=smoke", "dataset.n_prompts=3", "dataset.samples_per_prompt=2")
+    with caplog.at_level("INFO", logger="csd"):
+        resolve_batch_size(cfg)
+    assert cfg.engine.batch_size == 6
+    assert "the run's 6 images" in caplog.text
 
 
 def test_batch_size_auto_that_fits_nothing_is_one_line():
