@@ -17,6 +17,7 @@ from csd.evaluation.context import EvalContext, NotApplicable
 from csd.evaluation.fid_interval import GROUPS
 from csd.evaluation.intervals import LEVEL, SEED, run_intervals
 from csd.keys import eval_metrics
+from csd.progress import shown
 from csd.records import records_digest
 from csd.registry import metric
 from csd.rundir import expected_images, live_writers
@@ -39,8 +40,15 @@ def evaluate_run(run_dir: Path, cfg: DictConfig) -> dict[str, Any]:
     names the records evaluated (:func:`records_digest`), so that the report and ``stage=status`` can tell
     when they changed. ``intervals`` holds each metric's 95 % interval: a bootstrap
     over ``cfg.eval.bootstrap`` prompt resamples, for FID a jackknife over prompts (``eval.bootstrap=0``: none;
-    docs/EVALUATION.md#confidence-intervals).
+    docs/EVALUATION.md#confidence-intervals). The metrics' progress bars follow ``engine.progress``
+    (:mod:`csd.progress`).
     """
+    with shown(OmegaConf.select(cfg, "engine.progress", default=True)):
+        return _evaluate(run_dir, cfg)
+
+
+def _evaluate(run_dir: Path, cfg: DictConfig) -> dict[str, Any]:
+    """:func:`evaluate_run`'s work, its bars already switched."""
     writers = live_writers(Path(run_dir))
     if writers and not OmegaConf.select(cfg, "eval.allow_partial", default=False):
         lock, holder = writers[0]

@@ -14,11 +14,11 @@ import numpy as np
 import open_clip
 import torch
 from PIL import Image
-from tqdm import tqdm
 
 from csd.errors import MissingWeightsError
 from csd.evaluation.images import RAW, Preprocess, load_rgb
 from csd.hub import load_local_first
+from csd.progress import bar
 
 OPEN_CLIP_DIR = str(Path(open_clip.__file__).parent)
 
@@ -138,7 +138,7 @@ def clip_scores(
     if len(images) != len(texts):
         raise ValueError("one caption per image is required")
     scores = []
-    for start in tqdm(range(0, len(texts), batch_size), desc="CLIP score", unit="batch", leave=False):
+    for start in bar(range(0, len(texts), batch_size), desc="CLIP score", unit="batch", leave=False):
         batch, caps = images[start : start + batch_size], texts[start : start + batch_size]
         pixels = torch.stack([clip.preprocess(preprocess(load_rgb(p))) for p in batch]).to(device)
         img = torch.nn.functional.normalize(clip.model.encode_image(pixels).float(), dim=-1)

@@ -17,9 +17,9 @@ from urllib.error import URLError
 import torch
 from torch import nn
 from torchmetrics.image.fid import FrechetInceptionDistance
-from tqdm import tqdm
 
 from csd.errors import MissingWeightsError
+from csd.progress import bar
 
 INCEPTION_FILE = "weights-inception-2015-12-05-6726825d.pth"
 _REAL_STATES = ("real_features_sum", "real_features_cov_sum", "real_features_num_samples")
@@ -85,7 +85,7 @@ def load_reference(
         for name in _REAL_STATES:
             setattr(metric, name, cached[name])
         return True
-    for batch in tqdm(batches(), desc="FID reference", unit="batch", leave=False):
+    for batch in bar(batches(), desc="FID reference", unit="batch", leave=False):
         metric.update(batch.to(device), real=True)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -121,6 +121,6 @@ def generated_fid(
     metric: FrechetInceptionDistance, batches: Iterable[torch.Tensor], device: torch.device
 ) -> float:
     """Add the generated images and compute FID against the already loaded reference."""
-    for batch in tqdm(batches, desc="FID generated", unit="batch", leave=False):
+    for batch in bar(batches, desc="FID generated", unit="batch", leave=False):
         metric.update(batch.to(device), real=False)
     return float(metric.compute())

@@ -26,13 +26,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from PIL import Image
-from tqdm import tqdm
 
 from csd.errors import MissingWeightsError
 from csd.evaluation.clip_score import ClipModel, check_open_clip, load_open_clip
 from csd.evaluation.context import EvalContext, MetricOutput, NotApplicable
 from csd.evaluation.images import load_rgb
 from csd.hub import download_command, hub_reachable, load_local_first
+from csd.progress import bar
 
 DEFAULT_DETECTOR = "facebook/mask2former-swin-small-coco-instance"
 BACKEND_NOTE = (
@@ -379,7 +379,7 @@ def geneval_metric(ctx: EvalContext) -> MetricOutput:
     detector = load_detector(g.detector, ctx.device)
     colours = load_colour_classifier(g.clip_model, g.clip_pretrained, ctx.device)
     results = [score_image(load_rgb(image), meta, detector, colours, rules)
-               for image, meta in tqdm(zip(ctx.images, metas, strict=True), total=len(metas), desc="GenEval", leave=False)]
+               for image, meta in bar(zip(ctx.images, metas, strict=True), total=len(metas), desc="GenEval", leave=False)]
     tags = [m["tag"] for m in metas]
     correct = [ok for ok, _ in results]
     protocol = {

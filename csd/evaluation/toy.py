@@ -16,12 +16,12 @@ import numpy as np
 import torch
 from hydra.utils import get_method
 from PIL import Image
-from tqdm import tqdm
 
 from csd.errors import MissingWeightsError
 from csd.evaluation.clip_score import ClipModel
 from csd.evaluation.content import on_grid, region_grid
 from csd.evaluation.images import load_rgb, to_tensor, uint8_batches
+from csd.progress import bar
 from csd.prompts import Prompt
 from csd.records import COMMIT_ACCEPTED, COMMIT_RELAXED
 
@@ -56,7 +56,7 @@ def scene_checks(records: Sequence[dict[str, Any]], images: Sequence[Image.Image
     checker = _toy("checker")
     return [
         checker.check_image(np.asarray(load_rgb(image)), scene_of(r, scene_key))
-        for r, image in tqdm(zip(records, images, strict=True), total=len(records), desc="scene checker", unit="img",
+        for r, image in bar(zip(records, images, strict=True), total=len(records), desc="scene checker", unit="img",
                              leave=False)
     ]
 
@@ -129,7 +129,7 @@ def region_acceptance(records: Sequence[dict[str, Any]], images: Sequence[Image.
     checker = _toy("checker")
     counts = {reg: {"positions": 0, "accepted": 0, "relaxed": 0} for reg in REGIONS}
     pairs = zip(records, images, strict=True)
-    for r, image in tqdm(pairs, total=len(records), desc="regions", unit="img", leave=False):
+    for r, image in bar(pairs, total=len(records), desc="regions", unit="img", leave=False):
         kinds = on_grid(r, "commit_kind")
         obj = region_grid(np.asarray(checker.segment(np.asarray(load_rgb(image)))), r["grid"])
         background = checker.background_kind(scene_of(r, scene_key))

@@ -145,3 +145,19 @@ def test_toy_reference_cache_keys_the_scenes_and_the_feature_weights(tmp_path: P
 
     monkeypatch.setattr(clip, "load_toy_clip", retrained)
     assert not cached() and cached()  # same name "toy-clip", other weights
+
+
+@pytest.mark.parametrize("progress", [True, False])
+def test_engine_progress_switches_every_evaluation_bar(tmp_path: Path, fake_toy: None, capsys: pytest.CaptureFixture,
+                                                       progress: bool) -> None:
+    """``engine.progress=false`` silences the evaluation's bars (CLIP score, FID, scene checker, regions) as it does
+    generation's and decode's; on by default (``conf/engine/default.yaml``)."""
+    run = make_run(tmp_path / "csd", method="csd", n_images=4, relaxed_every=4, metas=SCENES,
+                   images=[generated(i) for i in range(4)])
+    cfg = eval_cfg(tmp_path, **{"eval.toy.render": "tests.evaluation.test_eval_toy.render_scene",
+                                "engine.progress": progress})
+    capsys.readouterr()
+    evaluate_run(run, cfg)
+    err = capsys.readouterr().err
+    for bar in ("CLIP score", "FID reference", "FID generated", "scene checker", "regions"):
+        assert (bar in err) == progress, bar
