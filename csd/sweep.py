@@ -4,7 +4,8 @@ Hydra composes a job only when its launcher reaches it, and our checks run insid
 job is invalid ran its first in full. :class:`SweepCheckCallback` (``hydra.callbacks`` in ``conf/config.yaml``)
 expands the sweep as Hydra's basic sweeper will, composes each job's config as the launchers do and runs the
 checks of a single run on it (:func:`csd.validate.validate`, :func:`csd.cli.check_inputs`), once, before any job is
-launched (the submitit launchers included); a bad job ends the sweep with one line per bad job.
+launched (the submitit launchers included); bad jobs end the sweep with one line per distinct problem, naming the jobs
+that have it.
 """
 
 from __future__ import annotations
@@ -58,18 +59,37 @@ def job_config(loader: ConfigLoader, sweep: DictConfig, overrides: list[str], nu
 
 
 def sweep_problems(sweep: DictConfig) -> list[str]:
-    """One line per job whose config or inputs a single run would refuse: ``job #<n> (<overrides>): <problem>``."""
+    """One line per problem a single run would refuse, naming the jobs that have it (:func:`problem_lines`)."""
     loader = GlobalHydra.instance().config_loader()
-    problems = []
+    found = []
     for num, overrides in enumerate(sweep_jobs(sweep)):
         try:
             cfg = job_config(loader, sweep, overrides, num)
             validate(cfg)
             check_inputs(cfg, overrides)
         except (ConfigError, RecordsError, MissingWeightsError, FileNotFoundError, HydraException) as err:
-            problem = " ".join(str(err).split())  # Hydra's composition errors span lines
-            problems.append(f"job #{num} ({' '.join(filter_overrides(overrides))}): {problem}")
-    return problems
+            found.append((num, filter_overrides(overrides), " ".join(str(err).split())))  # Hydra's errors span lines
+    return problem_lines(found)
+
+
+def problem_lines(found: list[tuple[int, list[str], str]]) -> list[str]:
+    """``(job number, its overrides, problem)`` -> one line per distinct problem, in order of first appearance:
+    ``job #<n> (<overrides>): <problem>`` for one job; for several, the overrides they share once and what each
+    job sets apart: ``jobs #0, #1 (model=x; #0 method=sjd, #1 method=csd): <problem>``."""
+    by_problem: dict[str, list[tuple[int, list[str]]]] = {}
+    for num, overrides, problem in found:
+        by_problem.setdefault(problem, []).append((num, overrides))
+    lines = []
+    for problem, jobs in by_problem.items():
+        if len(jobs) == 1:
+            num, overrides = jobs[0]
+            lines.append(f"job #{num} ({' '.join(overrides)}): {problem}")
+            continue
+        shared = [o for o in jobs[0][1] if all(o in overrides for _, overrides in jobs)]
+        own = ", ".join(f"#{num} {' '.join(o for o in overrides if o not in shared)}".rstrip() for num, overrides in jobs)
+        numbers = ", ".join(f"#{num}" for num, _ in jobs)
+        lines.append(f"jobs {numbers} ({' '.join(shared)}; {own}): {problem}")
+    return lines
 
 
 class SweepCheckCallback(Callback):

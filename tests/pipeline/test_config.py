@@ -244,6 +244,17 @@ def test_multirun_validates_every_job_before_the_first_starts(tmp_path):
     assert not list(tmp_path.rglob("records*.jsonl"))  # AR did not run either
 
 
+def test_a_problem_of_several_jobs_is_one_line_naming_them():
+    from csd.sweep import problem_lines
+
+    found = [(0, ["method=sjd", "model=x"], "files not found"), (1, ["method=csd", "model=x"], "files not found"),
+             (2, ["method=ar", "model=x"], "other"), (3, ["method=ar", "model=x", "seed=1"], "files not found")]
+    assert problem_lines(found) == [
+        "jobs #0, #1, #3 (model=x; #0 method=sjd, #1 method=csd, #3 method=ar seed=1): files not found",
+        "job #2 (method=ar model=x): other",
+    ]
+
+
 def test_sweep_jobs_expand_like_hydras_basic_sweeper():
     from hydra.core.global_hydra import GlobalHydra
 
