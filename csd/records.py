@@ -253,10 +253,47 @@ def settings_mismatch(record: dict[str, Any], settings: dict[str, Any]) -> tuple
     return None
 
 
+#: adapters whose image codes are their own token ids (``image_token_ids = arange(vocab_size)``): a run.json written
+#: before ``model_info.token_ids`` was recorded still bounds their ids by ``vocab_size``
+DIRECT_ID_ADAPTERS = ("ToyAdapter", "TexturedToyAdapter", "OutlineToyAdapter", "JanusAdapter", "LlamaGenAdapter")
+
+
+def body_problem(record: dict[str, Any], model_info: dict[str, Any]) -> str | None:
+    """Why the run's model (run.json's ``model_info``: ``body_length``, ``grid``, ``token_ids``) cannot have made
+    ``record``'s body, or None: its token count, its grid, a per-token field of another length, or a token id that is
+    neither an image code's nor a forced position's (``token_ids``; for runs before it, ``vocab_size`` where the
+    adapter's ids are its codes, :data:`DIRECT_ID_ADAPTERS`). What is not recorded is not checked."""
+    tokens = np.asarray(record["tokens"])
+    n = tokens.size
+    length = model_info.get("body_length")
+    if length is not None and n != length:
+        return f"{n} tokens, but the model's bodies have {length}"
+    grid = model_info.get("grid")
+    if grid is not None and list(record.get("grid") or []) != list(grid):
+        return f"grid {record.get('grid')}, but the model's is {list(grid)}"
+    for field in PER_TOKEN_FIELDS:
+        if field in record and len(record[field]) != n:
+            return f"{len(record[field])} {field} values for {n} tokens"
+    ids = model_info.get("token_ids")
+    if ids is None and model_info.get("adapter") in DIRECT_ID_ADAPTERS and "vocab_size" in model_info:
+        ids = {"image": [0, model_info["vocab_size"] - 1], "forced": []}
+    if ids is None or n == 0:
+        return None
+    (lo, hi), forced = ids["image"], ids.get("forced") or []
+    fits = ((tokens >= lo) & (tokens <= hi)) | np.isin(tokens, forced)
+    if fits.all():
+        return None
+    at = int(np.argmin(fits))
+    allowed = f"image codes {lo}-{hi}" + (f", forced ids {', '.join(map(str, forced))}" if forced else "")
+    return f"token {tokens[at]} at position {at} is not an id the model's bodies hold ({allowed})"
+
+
 def check_records_match(records: list[dict[str, Any]], info: dict[str, Any], where: list[str]) -> None:
-    """Refuse records that run.json does not describe (other method, model or method_params) or that repeat
-    an image: metrics over them would mix two configurations. ``where[i]`` names ``records[i]`` (file:line).
-    A resume sets both kinds aside (:class:`RecordWriter`), so the message says to resume."""
+    """Refuse records that run.json does not describe (other method, model or method_params), that repeat
+    an image, or that the run's model cannot have made (:func:`body_problem`): metrics over them would mix two
+    configurations or read nonsense. ``where[i]`` names ``records[i]`` (file:line). A resume sets the first two
+    kinds aside (:class:`RecordWriter`), so their message says to resume."""
+    model_info = info.get("model_info") or {}
     first: dict[tuple[str, int], str] = {}
     for at, record in zip(where, records, strict=True):
         key = (record["prompt_id"], record["sample"])
@@ -268,6 +305,10 @@ def check_records_match(records: list[dict[str, Any]], info: dict[str, Any], whe
                 "resume the run (stage=generate) to set it aside"
             )
         first[key] = at
+        problem = body_problem(record, model_info)
+        if problem:
+            raise RecordsError(f"{at}: {key[0]} sample {key[1]}: {problem}; the run's model cannot have made this "
+                               "record: remove its line and resume the run (stage=generate) to redo its image")
         mismatch = settings_mismatch(record, info)
         if mismatch:
             field, ours, theirs = mismatch

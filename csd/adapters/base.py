@@ -190,6 +190,14 @@ class ModelAdapter(ABC):
         """``[vocab_size, D]`` VQ codebook vectors (LANTERN's latent neighbourhoods)."""
         raise NotImplementedError(f"{type(self).__name__} exposes no VQ codebook")
 
+    def token_ids(self) -> dict[str, list[int]]:
+        """The ids a body may hold, recorded in run.json for readers to check records against
+        (:func:`csd.records.body_problem`): ``image``, the least and largest image code's id; ``forced``, the forced
+        positions' ids."""
+        forced = self.layout.forced_ids
+        return {"image": [int(self.image_token_ids.min()), int(self.image_token_ids.max())],
+                "forced": sorted({int(i) for i in forced[forced >= 0].tolist()})}
+
     def describe(self) -> dict[str, Any]:
         """Protocol facts recorded with every run (guidance, top-k, grid, ...)."""
         return {
@@ -197,6 +205,7 @@ class ModelAdapter(ABC):
             "vocab_size": self.vocab_size,
             "grid": list(self.layout.grid),
             "body_length": self.layout.length,
+            "token_ids": self.token_ids(),
             "guidance_scale": self.sampling.guidance_scale,
             "top_k": self.sampling.top_k,
             "temperature": self.sampling.temperature,

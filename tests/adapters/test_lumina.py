@@ -26,6 +26,7 @@ from csd.adapters.lumina import (
 from csd.drafters.chain import ChainDrafter
 from csd.engine import JacobiEngine
 from csd.errors import MissingWeightsError
+from csd.records import body_problem
 from tests.helpers import (
     DecodeCounts,
     OneImage,
@@ -137,6 +138,10 @@ def test_forced_tokens_land_in_place_and_image_decodes(rule):
     # rolled back across forced tokens; measured rejections: SJD 17 (13 of a carried draft), Amplify 9, CSD(1, 1) accepts every draft
     assert exercised.rollbacks >= {"sjd": 6, "amplify": 3}.get(rule.name, 0), exercised
     image = a.decode_images(out.tokens.unsqueeze(0))
+    ids = a.describe()["token_ids"]  # what records are checked against (csd.records.body_problem)
+    assert ids["image"] == [int(a.image_token_ids.min()), int(a.image_token_ids.max())]
+    assert set(out.tokens[a.layout.forced_ids >= 0].tolist()) == set(ids["forced"]) and len(ids["forced"]) >= 1
+    assert body_problem({"tokens": out.tokens.tolist(), "grid": [3, 4]}, a.describe()) is None
     px = a.vqgan.config.downsample
     assert image.shape == (1, 3 * px, 4 * px, 3) and image.dtype == torch.uint8
 

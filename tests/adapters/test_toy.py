@@ -139,6 +139,7 @@ def test_adapter_contract(adapter_cfg) -> None:
     assert torch.equal(a.image_token_ids, torch.arange(v))
     assert a.codebook().shape == (v, 12) and a.token_embeddings().shape[0] == v
     assert a.describe()["guidance_scale"] == 3.0
+    assert a.describe()["token_ids"] == {"image": [0, v - 1], "forced": []}
     caption = heldout_prompts(1)[0].text
     ids = torch.randint(0, v, (12,), generator=torch.Generator().manual_seed(1))
 

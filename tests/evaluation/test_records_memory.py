@@ -160,3 +160,54 @@ def test_the_records_digest_is_hashed_one_record_at_a_time(tmp_path: Path) -> No
     assert records_digest([]) == hashlib.sha256(b"[]").hexdigest()
     one = TOKENS * 40  # one record's tokens as a list of Python ints and their JSON, generously
     assert peak < 4 * one, f"{peak / 1e6:.1f} MB to hash {IMAGES} records"
+
+
+COMMITTED = Path(__file__).resolve().parents[2] / "results" / "toy_paper" / "0_ar"
+
+
+def broken_copy(tmp_path: Path, index: int, change) -> Path:
+    """A copy of a committed toy run (records and run.json) whose record ``index`` is changed by ``change``."""
+    run = tmp_path / "run"
+    run.mkdir(parents=True)
+    for name in ("run.json", "config.yaml"):
+        (run / name).write_bytes((COMMITTED / name).read_bytes())
+    lines = (COMMITTED / RECORDS_FILE).read_text(encoding="utf-8").splitlines()
+    record = json.loads(lines[index])
+    change(record)
+    lines[index] = json.dumps(record, separators=(",", ":"))
+    (run / RECORDS_FILE).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return run
+
+
+def set_token(record: dict) -> None:
+    record["tokens"][17] = 99999
+
+
+def cut_tokens(record: dict) -> None:
+    record["tokens"] = record["tokens"][:-1]
+
+
+def other_grid(record: dict) -> None:
+    record["grid"] = [8, 32]
+
+
+def cut_entropy(record: dict) -> None:
+    record["entropy"] = record["entropy"][:100]
+
+
+@pytest.mark.parametrize(("change", "says"), [
+    (set_token, r"token 99999 at position 17 is not an id the model's bodies hold \(image codes 0-255\)"),
+    (cut_tokens, r"255 tokens, but the model's bodies have 256"),
+    (other_grid, r"grid \[8, 32\], but the model's is \[16, 16\]"),
+    (cut_entropy, r"100 entropy values for 256 tokens"),
+])
+def test_a_record_the_model_cannot_have_made_is_refused_in_one_line(tmp_path: Path, change, says: str) -> None:
+    """Before any metric runs, a record whose ids, length, grid or per-token fields do not fit the run's model is
+    refused in one line naming the run's file and line, the image and the field."""
+    from csd.errors import RecordsError
+
+    run = broken_copy(tmp_path, 5, change)
+    with pytest.raises(RecordsError, match=rf"records.jsonl:6: toy-0005 sample 0: {says}") as err:
+        EvalContext.load(run, eval_cfg(), "cpu")
+    assert "\n" not in str(err.value)
+    assert len(EvalContext.load(broken_copy(tmp_path / "ok", 5, lambda r: None), eval_cfg(), "cpu").records) == 400
