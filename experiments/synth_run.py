@@ -119,6 +119,8 @@ def write_run(template_dir: Path, out: Path, n_images: int, grid: tuple[int, int
     out.mkdir(parents=True, exist_ok=True)
     (out / "images").mkdir(exist_ok=True)
     shutil.copy(template_dir / "config.yaml", out / "config.yaml")
+    if grid is not None:  # the model these records describe: another grid and body length, all of it free
+        info = info | {"model_info": info["model_info"] | {"grid": list(grid), "body_length": length}}
     (out / "run.json").write_text(json.dumps(info | {"n_images": n_images}, indent=2), encoding="utf-8")
     rng = np.random.default_rng(seed)
     grid = tuple(template["grid"])

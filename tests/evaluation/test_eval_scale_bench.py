@@ -41,6 +41,7 @@ def test_a_synthetic_run_is_a_run_the_evaluate_stage_accepts(tmp_path: Path) -> 
     assert result["metrics"]["step_compression"] == pytest.approx(np.mean([r["step_compression"] for r in records]))
     wide = write_run(TEMPLATE, tmp_path / "wide", 2, grid=(4, 97), images=False)
     assert all(len(r["tokens"]) == 388 for r in load_records(wide)) and not list((wide / "images").iterdir())
+    assert len(EvalContext.load(wide, cfg, "cpu").records) == 2  # its run.json describes the other grid
     assert len(list(write_reference(TEMPLATE, tmp_path / "ref", 3).glob("*.png"))) == 3
 
 
