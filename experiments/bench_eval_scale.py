@@ -119,7 +119,8 @@ def standin_weights(folder: Path) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m experiments.bench_eval_scale",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("--template", type=Path, required=True, help="a one-image run directory made by the pipeline")
     parser.add_argument("--work", type=Path, required=True, help="where the synthetic runs are written (kept)")
     parser.add_argument("--images", type=int, nargs="+", default=[1000, 5000, 30000])

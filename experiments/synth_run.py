@@ -145,7 +145,8 @@ def write_reference(template_dir: Path, out: Path, n_images: int, seed: int = 1)
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m experiments.synth_run",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("--template", type=Path, required=True, help="a run directory made by the pipeline")
     parser.add_argument("--out", type=Path, required=True, help="the synthetic run directory to write")
     parser.add_argument("--images", type=int, required=True, help="records (and PNGs) to write")
