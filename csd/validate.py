@@ -24,7 +24,7 @@ from csd.errors import ConfigError
 from csd.keys import SCHEMA, SHARED_METHOD_KEYS, UNSET, known_keys
 from csd.limits import config_problem
 from csd.overrides import close_names
-from csd.presets import choices, model_preset
+from csd.presets import CONF_DIR, choices, model_preset
 from csd.schema import ByTarget, Spec
 
 log = logging.getLogger(__name__)
@@ -101,12 +101,30 @@ def validate(cfg: DictConfig) -> None:
     reads, method keys the chosen method ignores and deprecated names. Deprecated ``method.<drafting key>`` values
     and a rule's renamed keys are moved to their current place first (:func:`move_deprecated_keys`).
     """
+    _check_method_keys(cfg)
     unknown = _check_schema(cfg)
     moved = move_deprecated_keys(cfg)
     if moved:
         _check_schema(cfg)
     _cross_checks(cfg)
     _warn_once(cfg, [*moved, *_warnings(cfg, unknown)])
+
+
+def _check_method_keys(cfg: DictConfig) -> None:
+    """A key the chosen method's own file sets (``conf/method/<name>.yaml``) that the config lacks was deleted
+    (``~method.<key>``): the rule would silently take its own default. Refused in one line. A method file from
+    elsewhere (``hydra.searchpath``) is not checked."""
+    name = OmegaConf.select(cfg, "method.name")
+    path = CONF_DIR / "method" / f"{name}.yaml"
+    if name is None or not path.is_file():
+        return
+    preset = OmegaConf.load(path)
+    if "@package _global_" in path.read_text(encoding="utf-8").split("\n", 1)[0]:  # a preset of several groups
+        preset = preset.get("method") or {}
+    own = [key for key in preset if key != "defaults"]
+    for key in own:
+        _check(key in cfg.method, f"method.{key} is missing (~method.{key} deletes it); method={name} reads it: give "
+                                  f"it a value (method.{key}=<value>)")
 
 
 def _cross_checks(cfg: DictConfig) -> None:

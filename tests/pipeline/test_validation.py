@@ -66,6 +66,11 @@ SCHEMA_GROUPS = ("method", "drafter", "model", "dataset", "engine", "eval", "log
         # metric names, before anything is generated
         (["eval.toy.metrics=[speed,foo]"], r"eval.toy.metrics=\['speed', 'foo'\]: unknown metric 'foo'; choose from .*'scene'"),
         (["eval.metrics=[fid,bar]"], "eval.metrics=.*unknown metric 'bar'"),
+        # a deleted method key would silently become the rule's default
+        (["~method.lam"], r"method.lam is missing \(~method.lam deletes it\); method=csd reads it: give it a value "
+                          r"\(method.lam=<value>\)"),
+        (["method=gsd", "~method.group_size"], r"method.group_size is missing \(~method.group_size deletes it\); "
+                                               "method=gsd reads it"),
     ],
 )
 def test_bad_types_and_ranges_are_one_line_config_errors(overrides, message):
