@@ -105,6 +105,7 @@ class RunImages(Sequence[Image.Image]):
         self._records = records
         self.device = device
         self.decoded = 0
+        self.unreadable: list[str] = []
 
     @cached_property
     def records(self) -> Sequence[dict[str, Any]]:
@@ -126,8 +127,16 @@ class RunImages(Sequence[Image.Image]):
         return decode_tokens(self.adapter, record["tokens"])
 
     def array(self, record: dict[str, Any]) -> np.ndarray:
-        """The record's uint8 ``[H, W, 3]`` image: its PNG's pixels, or its tokens decoded."""
-        pixels = read_png(self.run_dir / record["image"])
+        """The record's uint8 ``[H, W, 3]`` image: its PNG's pixels, or its tokens decoded. A PNG that is there but
+        unreadable (empty, truncated) is never used; the first is named in one warning (``unreadable`` lists them)."""
+        path = self.run_dir / record["image"]
+        pixels = read_png(path)
+        if pixels is None and path.exists():
+            if not self.unreadable:
+                log.warning("%s: %s is unreadable (%d bytes); it and any other unreadable PNG of this run are not "
+                            "read: their images are decoded from the records' tokens", self.run_dir, record["image"],
+                            path.stat().st_size)
+            self.unreadable.append(record["image"])
         return self.decode(record) if pixels is None else pixels
 
     def __len__(self) -> int:

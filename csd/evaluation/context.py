@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -13,6 +14,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from csd.decode import RunImages
 from csd.records import check_records_match, load_located_records
+
+log = logging.getLogger(__name__)
 
 
 class NotApplicable(Exception):
@@ -81,6 +84,9 @@ class EvalContext:
         info = merge_shard_info(json.loads(info_path.read_text()), run_dir)
         where = [at for at, _ in located]
         check_records_match(records, info, where)
+        if not (run_dir / "config.yaml").exists():
+            log.warning("%s: config.yaml is missing; the run's settings come from run.json (model preset %r; the "
+                        "caption-rule check of COCO runs is skipped)", run_dir, info.get("model"))
         dev = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
         return cls(run_dir, info, records, eval_cfg, torch.device(dev), where)
 

@@ -88,3 +88,29 @@ def test_sample_grid_and_geneval_export_without_pngs(tmp_path: Path) -> None:
     assert np.array_equal(np.asarray(sample_grid([run], n=2, tile=64)), grid)
     out = export_geneval(run, tmp_path / "geneval")
     assert [(out / f"{i:05d}" / "samples" / "0000.png").read_bytes() for i in range(2)] == wrote
+
+
+def test_a_corrupt_or_empty_png_is_said_once_and_decoded(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A zero-byte PNG and a truncated one are not read: their images are the records' decodes, and the evaluation says
+    so in one warning line naming the first file; the metrics are those with intact PNGs."""
+    run = toy_run(tmp_path / "r")
+    cfg = eval_cfg(tmp_path, **{"eval.metrics": ["clip_score"], "eval.bootstrap": 0})
+    intact = evaluate_run(run, cfg)["metrics"]["clip_score"]
+    pngs = sorted((run / "images").glob("*.png"))
+    pngs[1].write_bytes(b"")
+    pngs[2].write_bytes(pngs[2].read_bytes()[:100])
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="csd"):
+        assert evaluate_run(run, cfg)["metrics"]["clip_score"] == intact
+    said = [r.getMessage() for r in caplog.records if "PNG" in r.getMessage()]
+    assert len(said) == 1 and "\n" not in said[0], said
+    assert pngs[1].name in said[0] and "decoded from" in said[0]
+
+
+def test_a_missing_config_yaml_is_said_in_one_line(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    run = toy_run(tmp_path / "r")
+    (run / "config.yaml").unlink()
+    with caplog.at_level("WARNING", logger="csd"):
+        EvalContext.load(run, eval_cfg(tmp_path).eval, "cpu")
+    said = [r.getMessage() for r in caplog.records if "config.yaml" in r.getMessage()]
+    assert len(said) == 1 and "run.json" in said[0] and "\n" not in said[0], said
