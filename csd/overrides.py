@@ -16,30 +16,7 @@ from hydra.errors import HydraException
 from csd.errors import ConfigError
 from csd.keys import SCHEMA, known_key, known_keys
 from csd.presets import CONF_DIR, config_groups, nullable_groups
-from csd.schema import show
-
-
-def edit_distance(a: str, b: str) -> int:
-    """Insertions, deletions, substitutions and swaps of two neighbouring characters that turn ``a`` into ``b``
-    (optimal string alignment: ``lamm`` -> ``lam`` 1, ``cds`` -> ``csd`` 1)."""
-    d = [[i + j if i * j == 0 else 0 for j in range(len(b) + 1)] for i in range(len(a) + 1)]
-    for i in range(1, len(a) + 1):
-        for j in range(1, len(b) + 1):
-            d[i][j] = min(d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] != b[j - 1]))
-            if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
-                d[i][j] = min(d[i][j], d[i - 2][j - 2] + 1)
-    return d[-1][-1]
-
-
-def close_names(name: str, known: Sequence[str]) -> str:
-    """The names of ``known`` closest to ``name`` (fewest edits, at most one per four characters, two named at
-    most), as ``"a"`` or ``"a or b"``; ``""`` if none is that close."""
-    distances = {k: edit_distance(name, k) for k in known}
-    best = min(distances.values(), default=0)
-    if not distances or best > max(1, len(name) // 4):
-        return ""
-    return " or ".join(sorted(k for k, v in distances.items() if v == best)[:2])
-
+from csd.schema import choice_hint, close_names, show
 
 #: the config groups every run reads (``logger`` may be deleted: no tracking; ``experiment`` is null by default)
 RUN_READS = ("method", "drafter", "model", "dataset", "eval")
@@ -89,11 +66,9 @@ def check_overrides(args: Sequence[str]) -> None:
             values = list(override.sweep_string_iterator()) if override.is_sweep_override() else [override.value()]
             for value in values:
                 if value is None and key not in nullable:
-                    raise ConfigError(f"{key}=null: a run needs a {key}; choose one of {options}")
+                    raise ConfigError(f"{key}=null: a run needs a {key}; {choice_hint(None, options, key)}")
                 if value is not None and value not in options:
-                    close = close_names(str(value), options)
-                    hint = f"did you mean {close}? " if close else ""
-                    raise ConfigError(f"{key}={show(value)}: {hint}choose one of {options}")
+                    raise ConfigError(f"{key}={show(value)}{choice_hint(str(value), options, key)}")
         elif not known_key(key, keys):
             close = close_names(key, [*keys, *groups])
             what = "a config key or group" if "." not in key else "a config key"

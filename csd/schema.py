@@ -8,11 +8,56 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
+
+
+def edit_distance(a: str, b: str) -> int:
+    """Insertions, deletions, substitutions and swaps of two neighbouring characters that turn ``a`` into ``b``
+    (optimal string alignment: ``lamm`` -> ``lam`` 1, ``cds`` -> ``csd`` 1)."""
+    d = [[i + j if i * j == 0 else 0 for j in range(len(b) + 1)] for i in range(len(a) + 1)]
+    for i in range(1, len(a) + 1):
+        for j in range(1, len(b) + 1):
+            d[i][j] = min(d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] != b[j - 1]))
+            if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
+                d[i][j] = min(d[i][j], d[i - 2][j - 2] + 1)
+    return d[-1][-1]
+
+
+def close_names(name: str, known: Sequence[str]) -> str:
+    """The names of ``known`` closest to ``name`` (fewest edits, at most one per four characters, two named at
+    most), as ``"a"`` or ``"a or b"``; ``""`` if none is that close."""
+    distances = {k: edit_distance(name, k) for k in known}
+    best = min(distances.values(), default=0)
+    if not distances or best > max(1, len(name) // 4):
+        return ""
+    return " or ".join(sorted(k for k, v in distances.items() if v == best)[:2])
+
+#: a choice among more options than this is pointed to (its folder), not listed
+LISTED_CHOICES = 12
+
+
+def choice_hint(value: str | None, options: Sequence[str], group: str) -> str:
+    """What follows ``<key>=<value>`` when ``value`` is not an option of the config group ``group``: the close match
+    alone (``: did you mean toy?``); the members of a family the value names (`` names a family: choose one of
+    llamagen_c2i_b, ...``); else the options, listed when they are few, otherwise pointed to (``conf/<group>/``).
+    ``value`` None: the options only."""
+    if value is not None:
+        close = close_names(value, options)
+        if close:
+            return f": did you mean {close}?"
+        family = [o for o in options if o.startswith(value)]
+        if family:
+            return f" names a family: choose one of {', '.join(family)}"
+    if len(options) <= LISTED_CHOICES:
+        listed = f"choose one of {', '.join(options)}"
+    else:
+        listed = f"choose one of the {len(options)} options in conf/{group}/ ({', '.join(options[:3])}, ...)"
+    return listed if value is None else f": {listed}"
+
 
 
 def show(value: Any) -> str:
@@ -172,7 +217,7 @@ class Group(Spec):
         if self.accepts(value):
             return None
         name = self.group if key == f"{self.group}.name" else key
-        return f"{name}={show(value)}: choose one of {self.options(self.group)}"
+        return f"{name}={show(value)}{choice_hint(str(value), self.options(self.group), self.group)}"
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -137,7 +137,7 @@ CASES: list[Case] = [
     # --- tracebacks before: run files, weights, data paths ---
     case("~method", says=r"~method deletes the config group method, which every run reads"),
     case("~seed", says=r"~seed deletes the key seed, which every run reads"),
-    case("method=null", says=r"method=null.*choose one of \[.*'csd'"),
+    case("method=null", says=r"method=null: a run needs a method; choose one of the \d+ options in conf/method/"),
     case("drafter=eagle", "drafter.head={dir}/head.pt", says=r"drafter.head=\S*head.pt is not .*torch.save", setup=text_file),
     case("run_dir=/proc/x", says=r"run_dir=/proc/x: .*not writable"),
     case("stage=evaluate", "run_dir={dir}/run", says=r"run.json is not valid JSON \(Unterminated string .*: line 1 column \d+\); "
