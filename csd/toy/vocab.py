@@ -27,8 +27,8 @@ _WORD_ID = {w: i for i, w in enumerate(TEXT_VOCAB)}
 
 
 #: what the toy reads, for messages refusing other captions
-READS = (f"only the {len(WORDS)} words of its scene captions ({' '.join(WORDS)}), at most {CAPTION_LEN} a caption; "
-         "use dataset=toy (its held-out scene captions)")
+READS = (f"only the {len(WORDS)} words of its scene captions (csd.toy.vocab.WORDS), at most {CAPTION_LEN} a "
+         "caption; use dataset=toy (its held-out scene captions)")
 #: unknown words a message names (then "...")
 NAMED_WORDS = 4
 
