@@ -76,6 +76,7 @@ def write_run_info(run_dir: Path, cfg: DictConfig, params: dict, model_info: dic
         "n_images": n_images,
         "batch_size": cfg.engine.batch_size,
         "threads": cfg.get("threads"),
+        "host": platform.node(),
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version()},
     }
     write_json(path, info)

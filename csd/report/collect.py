@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from csd.decode import RUN_INFO_FILE
 from csd.deprecations import MOVED_TO_DRAFTER, current_method_params
 from csd.evaluation import METRICS_FILE, PER_IMAGE_FILE
 from csd.evaluation.freshness import STALE, UNVERIFIED, metrics_state, refresh_hint
@@ -129,7 +130,27 @@ def load_run(run_dir: Path) -> dict[str, Any] | None:
         return None
     if state == UNVERIFIED:
         log.info("%s: %s", run_dir, message)
-    return {**metrics, "run_dir": str(run_dir), "per_image": rows}
+    return {**metrics, "run_dir": str(run_dir), "per_image": rows, "timing": timing_context(run_dir)}
+
+
+#: the run.json fields that say where and with what a run was timed
+TIMING_FIELDS = ("host", "versions", "threads")
+
+
+def timing_context(run_dir: Path) -> dict[str, Any]:
+    """Where and with what a run's latencies were measured: run.json's :data:`TIMING_FIELDS` it has (``host`` is
+    recorded by runs made since 2026-12-08)."""
+    try:
+        info = json.loads((run_dir / RUN_INFO_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return {key: info[key] for key in TIMING_FIELDS if key in info}
+
+
+def timing_differences(run: dict[str, Any], reference: dict[str, Any]) -> list[str]:
+    """``field: reference -> run`` for each timing field both record with different values."""
+    return [f"{key} {reference[key]} vs {run[key]}" for key in TIMING_FIELDS
+            if key in run and key in reference and run[key] != reference[key]]
 
 
 def not_json(path: Path, err: ValueError) -> None:
@@ -199,6 +220,15 @@ def results_frame(results: Sequence[dict[str, Any]], n_boot: int = DEFAULT_RESAM
         if len(ar) > 1:
             log.warning("%d AR runs for %s/%s: speed-ups and differences use %s", len(ar), model, dataset, ar["run_dir"].iloc[0])
         ar_row = ar.iloc[0]
+        log.info("speed-ups of %s/%s divide by the AR run %s", model, dataset, ar_row["run_dir"])
+        reference = results[ar.index[0]].get("timing") or {}
+        others = group.index.drop(ar.index[0])
+        elsewhere = [(results[i]["run_dir"], diff) for i in others
+                     if (diff := timing_differences(results[i].get("timing") or {}, reference))]
+        if elsewhere:
+            log.warning("the AR run of %s/%s (%s) was timed on another machine or software than %d of %d runs (%s: %s): "
+                        "their speed-ups compare two machines or loads; time AR in the same sweep", model, dataset,
+                        ar_row["run_dir"], len(elsewhere), len(others), elsewhere[0][0], "; ".join(elsewhere[0][1]))
         if (group["n_images"] != ar_row["n_images"]).any():
             log.warning("runs of %s/%s differ in image count from the AR run: paired comparisons use the images both "
                         "have, unpaired speed-ups (no per_image.jsonl) compare different prompts", model, dataset)

@@ -310,3 +310,34 @@ def test_outliers_are_far_off_the_others_and_their_intervals() -> None:
     fid = np.array([0.008, 0.009, 0.238, 0.006])
     assert outliers(fid, fid - 0.004, fid + 0.004).tolist() == [False, False, True, False]
     assert not outliers([0.008, 0.009, 0.238], [np.nan] * 3, [np.nan] * 3).any()  # three runs: none clipped
+
+
+def test_speedups_name_their_ar_run_and_warn_when_it_was_timed_elsewhere(tmp_path: Path,
+                                                                         caplog: pytest.LogCaptureFixture) -> None:
+    """The report says which AR run its speed-ups divide by, and warns in one line when that run's run.json names
+    another host or other software versions than a run it is compared with: their latencies come from two machines."""
+    import json
+
+    from csd.report.collect import load_run
+
+    runs = [make_run(tmp_path / "0_ar", "ar", latency=4.0), make_run(tmp_path / "1_sjd", "sjd", latency=2.0),
+            make_run(tmp_path / "2_sjd", "sjd", latency=2.5, method_params={"window": 8})]
+    hosts = ["gpu-node-1", "laptop", "laptop"]
+    cfg = eval_cfg(tmp_path, **{"eval.toy.metrics": ["speed"]})
+    for run, host in zip(runs, hosts, strict=True):
+        info = json.loads((run / "run.json").read_text())
+        (run / "run.json").write_text(json.dumps(info | {"host": host, "versions": {"torch": "2.14.1"}}))
+        evaluate_run(run, cfg)
+    caplog.clear()
+    with caplog.at_level("INFO", logger="csd"):
+        results_frame([load_run(run) for run in runs], n_boot=0)
+    said = [r.getMessage() for r in caplog.records]
+    assert any("speed-ups of toy/toy divide by the AR run" in m and str(runs[0]) in m for m in said), said
+    warned = [m for m in said if "timed on another machine" in m]
+    assert len(warned) == 1 and "gpu-node-1" in warned[0] and "laptop" in warned[0] and "2 of" in warned[0], said
+    caplog.clear()
+    info = json.loads((runs[0] / "run.json").read_text())
+    (runs[0] / "run.json").write_text(json.dumps(info | {"host": "laptop"}))
+    with caplog.at_level("INFO", logger="csd"):
+        results_frame([load_run(run) for run in runs], n_boot=0)
+    assert not [r for r in caplog.records if "timed on another machine" in r.getMessage()]
